@@ -1,0 +1,14 @@
+"""Local — each client trains alone on its own data; nothing is communicated.
+
+The usual lower bound of collaboration in personalized FL papers (e.g. FedSelect, Table 1).
+Evaluated per client: its own model after local training (`acc_local`).
+"""
+from __future__ import annotations
+
+from .base import Algorithm
+
+
+class Local(Algorithm):
+    name = "local"
+    acc_from = "local"
+    communicates = False

@@ -1,0 +1,301 @@
+"""Dataset sources: whole train/test tensors for one named dataset.
+
+Every source returns a :class:`Dataset` whose images are float32 ``(N, C, H, W)``
+tensors, normalised with a per-dataset mean/std, and whose labels are int64.
+
+* ``digits``    scikit-learn's bundled 8x8 digits (offline). It has no test split, so it
+                is split once, stratified 70/30, with a fixed seed independent of the run.
+* ``mnist``     torchvision's on-disk layout ``<root>/MNIST/raw/*-ubyte[.gz]``, read by
+                the small IDX reader below.
+* ``cifar10``   torchvision's layout ``<root>/cifar-10-batches-py/``, python pickles.
+* ``synthetic`` a tiny deterministic 10-class problem (class prototypes plus noise).
+
+Downloads happen only when asked (``download=True``) and go through torchvision.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCES = ("digits", "mnist", "cifar10", "synthetic")
+
+_INPUT_SHAPES = {
+    "digits": (1, 8, 8),
+    "mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "synthetic": (1, 8, 8),
+}
+
+# Standard channel statistics of the training sets (pixel values scaled to [0, 1]).
+_MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
+_CIFAR_MEAN, _CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+DIGITS_SPLIT_SEED = 0  # fixed: the digits train/test split never depends on the run seed
+SYNTHETIC_SEED = 1234  # fixed: the synthetic dataset is the same in every run
+
+
+class DataError(ValueError):
+    """A bad data request or a missing/corrupt data file.
+
+    The message names the offending value (or path) and what is allowed instead.
+    """
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Whole train and test split of one source, already normalised."""
+
+    name: str
+    x_train: torch.Tensor  # float32 (N, C, H, W)
+    y_train: torch.Tensor  # int64 (N,)
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """Shape of one image, ``(C, H, W)``."""
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+
+def input_shape_of(name: str) -> tuple[int, int, int]:
+    """``(C, H, W)`` of a source's images, without loading any data."""
+    _check_name(name)
+    return _INPUT_SHAPES[name]
+
+
+def default_data_root() -> Path:
+    """``$FL_DATA_ROOT`` if set, else ``./data``."""
+    return Path(os.environ.get("FL_DATA_ROOT") or "data")
+
+
+def load_source(name: str, data_root: str | os.PathLike | None = None,
+                download: bool = False) -> Dataset:
+    """Load dataset ``name`` (one of :data:`SOURCES`).
+
+    ``data_root`` is only used by the file-based sources (mnist, cifar10); ``download``
+    lets torchvision fetch missing files into it.
+    """
+    _check_name(name)
+    if name == "digits":
+        return _load_digits()
+    if name == "synthetic":
+        return _load_synthetic()
+    root = Path(data_root) if data_root is not None else default_data_root()
+    if name == "mnist":
+        return _load_mnist(root, download)
+    return _load_cifar10(root, download)
+
+
+def _check_name(name: str) -> None:
+    if name not in SOURCES:
+        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(SOURCES)}")
+
+
+def _normalise(x: np.ndarray, mean, std) -> torch.Tensor:
+    """uint8/float images ``(N, C, H, W)`` in [0, 255] -> float32, per-channel normalised."""
+    x = np.require(x, requirements=["C", "W"])  # torch wants a writable buffer
+    t = torch.from_numpy(x).to(torch.float32).div_(255.0)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return t.sub_(mean_t).div_(std_t)
+
+
+def _labels(y: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(y, dtype=np.int64).copy())
+
+
+# ---------------------------------------------------------------- digits / synthetic
+
+def _from_float(name: str, x_tr, y_tr, x_te, y_te, num_classes: int) -> Dataset:
+    """Build a Dataset from float arrays, normalising with the train mean/std."""
+    mean, std = float(x_tr.mean()), float(x_tr.std())
+    shape = (-1, *_INPUT_SHAPES[name])
+    to_t = lambda a: torch.from_numpy(((a - mean) / std).astype(np.float32).reshape(shape))
+    return Dataset(name, to_t(x_tr), _labels(y_tr), to_t(x_te), _labels(y_te), num_classes)
+
+
+def _load_digits() -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = bunch.data.astype(np.float64) / 16.0
+    y = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=0.3, stratify=y, random_state=DIGITS_SPLIT_SEED)
+    return _from_float("digits", x_tr, y_tr, x_te, y_te, 10)
+
+
+def _load_synthetic(n_train: int = 600, n_test: int = 200, num_classes: int = 10,
+                    noise: float = 0.8) -> Dataset:
+    """Each class is a fixed random 8x8 prototype; samples add Gaussian noise."""
+    rng = np.random.default_rng(SYNTHETIC_SEED)
+    protos = rng.normal(0.0, 1.0, size=(num_classes, 64))
+
+    def draw(n):
+        y = np.arange(n) % num_classes
+        rng.shuffle(y)
+        return protos[y] + rng.normal(0.0, noise, size=(n, 64)), y
+
+    x_tr, y_tr = draw(n_train)
+    x_te, y_te = draw(n_test)
+    return _from_float("synthetic", x_tr, y_tr, x_te, y_te, num_classes)
+
+
+# ---------------------------------------------------------------- MNIST (IDX files)
+
+_IDX_MAGIC = {3: 0x00000803, 1: 0x00000801}  # ndim -> magic number of uint8 IDX files
+
+
+def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
+    """Read a uint8 IDX file (plain or ``.gz``) with ``ndim`` dimensions.
+
+    Checks the magic number and that the payload holds exactly prod(dims) bytes.
+    """
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip stream ({e})") from None
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated: expected a {header}-byte IDX header, "
+                        f"found {len(raw)} bytes")
+    magic = int.from_bytes(raw[:4], "big")
+    if magic != _IDX_MAGIC[ndim]:
+        raise DataError(f"{path}: bad magic number 0x{magic:08x}; expected "
+                        f"0x{_IDX_MAGIC[ndim]:08x} (uint8 IDX with {ndim} dims)")
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    expected, found = int(np.prod(dims)), len(raw) - header
+    if found < expected:
+        raise DataError(f"{path}: truncated: expected {expected} bytes, found {found}")
+    if found > expected:
+        raise DataError(f"{path}: corrupt: expected {expected} bytes after the header "
+                        f"for dims {dims}, found {found}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _find_idx(raw_dir: Path, stem: str) -> Path | None:
+    """The plain file if present, else the ``.gz`` one, else None."""
+    for candidate in (raw_dir / stem, raw_dir / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _mnist_paths(root: Path) -> dict[str, Path] | Path:
+    """All four file paths, or the first missing path (without suffix)."""
+    raw_dir = root / "MNIST" / "raw"
+    found = {}
+    for stems in _MNIST_FILES.values():
+        for stem in stems:
+            path = _find_idx(raw_dir, stem)
+            if path is None:
+                return raw_dir / stem
+            found[stem] = path
+    return found
+
+
+def _load_mnist(root: Path, download: bool) -> Dataset:
+    paths = _mnist_paths(root)
+    if isinstance(paths, Path) and download:
+        _torchvision_fetch("MNIST", root)
+        paths = _mnist_paths(root)
+    if isinstance(paths, Path):
+        raise DataError(f"MNIST file not found: {paths} (or {paths}.gz); pass --download "
+                        f"to fetch it, or --data-root pointing at a folder holding MNIST/raw")
+    splits = {}
+    for split, (img_stem, lbl_stem) in _MNIST_FILES.items():
+        images = read_idx(paths[img_stem], ndim=3)
+        labels = read_idx(paths[lbl_stem], ndim=1)
+        if len(images) != len(labels):
+            raise DataError(f"{paths[img_stem]} has {len(images)} images but "
+                            f"{paths[lbl_stem]} has {len(labels)} labels")
+        if labels.size and labels.max() > 9:
+            raise DataError(f"{paths[lbl_stem]}: label {labels.max()} outside 0..9")
+        splits[split] = (_normalise(images[:, None], _MNIST_MEAN, _MNIST_STD), _labels(labels))
+    return Dataset("mnist", *splits["train"], *splits["test"], num_classes=10)
+
+
+# ---------------------------------------------------------------- CIFAR-10 (pickles)
+
+_CIFAR_DIR = "cifar-10-batches-py"
+_CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+_CIFAR_TEST = ("test_batch",)
+
+
+def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 python batch -> (uint8 images (n, 3, 32, 32), int64 labels (n,))."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except Exception as e:  # unpickling garbage can raise almost anything
+        raise DataError(f"{path}: not a readable CIFAR-10 batch ({type(e).__name__}: {e})") from None
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise DataError(f"{path}: expected a dict with keys b'data' and b'labels', got {keys}")
+    data = np.asarray(batch[b"data"])
+    labels = np.asarray(batch[b"labels"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DataError(f"{path}: b'data' must be uint8 of shape (n, 3072), "
+                        f"got {data.dtype} {data.shape}")
+    if labels.ndim != 1 or len(labels) != len(data):
+        raise DataError(f"{path}: {len(data)} images but labels of shape {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{path}: labels must lie in 0..9, found {labels.min()}..{labels.max()}")
+    # Rows are channel-major: 1024 red, then 1024 green, then 1024 blue values.
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _load_cifar10(root: Path, download: bool) -> Dataset:
+    folder = root / _CIFAR_DIR
+    names = _CIFAR_TRAIN + _CIFAR_TEST
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing and download:
+        _torchvision_fetch("CIFAR10", root)
+        missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise DataError(f"CIFAR-10 file not found: {folder / missing[0]}; pass --download "
+                        f"to fetch it, or --data-root pointing at a folder holding {_CIFAR_DIR}")
+
+    def read(batch_names):
+        parts = [read_cifar_batch(folder / n) for n in batch_names]
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        return _normalise(x, _CIFAR_MEAN, _CIFAR_STD), _labels(y)
+
+    return Dataset("cifar10", *read(_CIFAR_TRAIN), *read(_CIFAR_TEST), num_classes=10)
+
+
+def _torchvision_fetch(cls_name: str, root: Path) -> None:
+    """Let torchvision download (and verify) both splits of a dataset into ``root``."""
+    try:
+        import torchvision.datasets as tvd
+
+        for train in (True, False):
+            getattr(tvd, cls_name)(root=str(root), train=train, download=True)
+    except Exception as e:
+        raise DataError(f"downloading {cls_name} into {root} failed: "
+                        f"{type(e).__name__}: {e}") from e

@@ -1,0 +1,109 @@
+"""Local SGD over a subset of entries, and evaluation; shared by every algorithm.
+
+One model object runs every client: a client's state is loaded into it (`load_state_dict`),
+trained, and read back. Per-client data are tensors already on the device; a pass slices them
+with a seeded permutation, so there is no DataLoader and no host sync inside the training step.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+State = dict[str, Tensor]
+# What one pass may change: name -> None (the whole tensor) or a float 0/1 tensor (those entries).
+# Parameters not named are frozen for the pass.
+UpdateSpec = Mapping[str, Tensor | None]
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from (run seed, round, client, purpose, ...): batch orders never share a stream."""
+    words = [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    lr: float
+    batch_size: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    model.load_state_dict(state, strict=True)
+
+
+def read_state(model: nn.Module) -> State:
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+class LocalTrainer:
+    """Runs passes of masked SGD and evaluations on the one shared model."""
+
+    def __init__(self, model: nn.Module, sgd: SGDSettings) -> None:
+        self.model = model
+        self.sgd = sgd
+        self.params = dict(model.named_parameters())
+
+    # ---------------------------------------------------------------- training
+    def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int) -> tuple[State, Tensor, int]:
+        """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
+
+        The loss sum stays a device tensor so that callers decide when to synchronise.
+        """
+        model, sgd = self.model, self.sgd
+        load_state(model, state)
+        model.train()
+        names = [n for n in self.params if n in update]
+        for name, p in self.params.items():
+            p.requires_grad_(name in update)
+        trained = [self.params[n] for n in names]
+        masks = [update[n] for n in names]
+        masked_idx = [i for i, m in enumerate(masks) if m is not None]
+        velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
+
+        n = x.shape[0]
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
+        loss_sum = torch.zeros((), device=x.device)
+        for start in range(0, n, sgd.batch_size):
+            idx = order[start:start + sgd.batch_size]
+            out = model(x[idx])
+            loss = F.cross_entropy(out, y[idx])
+            for p in trained:
+                p.grad = None
+            loss.backward()
+            with torch.no_grad():
+                grads = [p.grad for p in trained]
+                if sgd.weight_decay:
+                    torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
+                if velocity is not None:
+                    torch._foreach_mul_(velocity, sgd.momentum)
+                    torch._foreach_add_(velocity, grads)
+                    grads = [v.clone() for v in velocity]
+                if masked_idx:
+                    torch._foreach_mul_([grads[i] for i in masked_idx], [masks[i] for i in masked_idx])
+                torch._foreach_add_(trained, grads, alpha=-sgd.lr)
+                loss_sum += loss.detach() * idx.numel()
+        for p in self.params.values():
+            p.grad = None
+            p.requires_grad_(True)
+        return read_state(model), loss_sum, n
+
+    # ---------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self, state: Mapping[str, Tensor], x: Tensor, y: Tensor, batch_size: int = 1024) -> int:
+        """Number of correctly classified samples (accuracy = correct / len(y), per sample)."""
+        load_state(self.model, state)
+        self.model.eval()
+        correct = torch.zeros((), dtype=torch.long, device=x.device)
+        for start in range(0, x.shape[0], batch_size):
+            pred = self.model(x[start:start + batch_size]).argmax(dim=1)
+            correct += (pred == y[start:start + batch_size]).sum()
+        self.model.train()
+        return int(correct)

@@ -1,0 +1,115 @@
+"""FedSelect's defining properties: growth schedule, largest-|Δ| selection, private personal
+entries, p = 0 / α = 0 equal FedAvg, and the faithful mode's differences."""
+import pytest
+import torch
+
+from fl_core.algorithms.base import BYTES_PER_ENTRY
+from fl_core.masks import grow_count
+from fl_core.simulation import Simulation
+
+from conftest import tiny
+
+
+def fraction_schedule(p, alpha, rounds):
+    f, out = 0.0, []
+    for _ in range(rounds):
+        f = min(alpha, f + p * (1 - f))
+        out.append(f)
+    return out
+
+
+def test_personal_fraction_of_every_tensor_follows_the_schedule():
+    sim = Simulation(tiny(rounds=5, pers_rate=0.3, pers_limit=0.6))
+    algo = sim.algorithm
+    assert algo.selectable and all(n.endswith("weight") for n in algo.selectable)
+    for result, f in zip(sim.run(), fraction_schedule(0.3, 0.6, 5)):
+        for client in sim.clients:
+            for name in algo.selectable:
+                numel = algo.numels[name]
+                assert int(client.mask[name].sum()) == grow_count(numel, f), (result.round, name)
+            assert set(client.mask) == set(algo.selectable)  # biases never get a mask
+    assert f == pytest.approx(0.6)  # the limit was reached and held
+
+
+def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
+    sim = Simulation(tiny(rounds=3))
+    next(sim.run())  # round 1: some entries are personal now
+    algo, k = sim.algorithm, 1
+    client, data = sim.clients[k], sim.data.clients[k]
+    before_state = {n: t.clone() for n, t in client.state.items()}
+    before_mask = {n: m.clone() for n, m in client.mask.items()}
+    algo.local_update(k, client, data, rnd=2)
+    for name in algo.selectable:
+        delta = (client.state[name] - before_state[name]).abs()
+        new = client.mask[name] & ~before_mask[name]
+        still_global = ~client.mask[name]
+        assert not (before_mask[name] & ~client.mask[name]).any()  # personal stays personal
+        assert int(new.sum()) > 0
+        if still_global.any():
+            assert delta[new].min() >= delta[still_global].max(), name
+
+
+def test_personal_entries_never_change_through_aggregation_and_global_ones_are_averaged():
+    sim = Simulation(tiny(rounds=3))
+    next(sim.run())
+    algo = sim.algorithm
+    for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
+        algo.local_update(k, c, d, rnd=2)
+    before = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
+    sent = algo.aggregate(sim.clients, sim.data.clients, rnd=2)
+    for name in algo.selectable:
+        stacked = torch.stack([b[name] for b in before])
+        masks = torch.stack([c.mask[name] for c in sim.clients])
+        glob = (~masks).float()
+        expected = torch.where(glob.sum(0) > 0, (stacked * glob).sum(0) / glob.sum(0).clamp_min(1), algo.global_state[name])
+        assert torch.allclose(algo.global_state[name], expected, atol=1e-6)
+        for k, c in enumerate(sim.clients):
+            m = c.mask[name]
+            assert torch.equal(c.state[name][m], before[k][name][m])          # personal: untouched
+            assert torch.equal(c.state[name][~m], algo.global_state[name][~m])  # global: broadcast
+    for k, c in enumerate(sim.clients):
+        personal = sum(int(m.sum()) for m in c.mask.values())
+        assert sent[k] == (sum(algo.numels.values()) - personal) * BYTES_PER_ENTRY
+
+
+@pytest.mark.parametrize("knob", [{"pers_rate": 0.0}, {"pers_limit": 0.0}])
+def test_p_or_alpha_zero_is_exactly_fedavg(knob):
+    fedavg = Simulation(tiny(algorithm="fedavg", rounds=3))
+    fedsel = Simulation(tiny(rounds=3, **knob))
+    for a, b in zip(fedavg.run(), fedsel.run()):
+        for ca, cb in zip(a.clients, b.clients):
+            assert (ca.acc_local, ca.acc_global, ca.loss, ca.bytes_up) == (cb.acc_local, cb.acc_global, cb.loss, cb.bytes_up)
+            assert cb.personal_fraction == 0.0
+    for ca, cb in zip(fedavg.clients, fedsel.clients):
+        for name, t in ca.state.items():
+            assert torch.equal(t, cb.state[name]), name
+    for name, t in fedavg.algorithm.global_state.items():
+        assert torch.equal(t, fedsel.algorithm.global_state[name]), name
+
+
+def test_fedselect_differs_from_fedavg_when_personalizing():
+    fedavg = list(Simulation(tiny(algorithm="fedavg", rounds=2)).run())
+    fedsel = list(Simulation(tiny(rounds=2)).run())
+    assert [c.acc_global for c in fedavg[-1].clients] != [c.acc_global for c in fedsel[-1].clients]
+
+
+def test_select_all_params_masks_biases_too():
+    sim = Simulation(tiny(select_params="all", rounds=1))
+    assert set(sim.algorithm.selectable) == set(sim.algorithm.param_names)
+    next(sim.run())
+    assert any(int(m.sum()) > 0 for n, m in sim.clients[0].mask.items() if n.endswith("bias"))
+
+
+def test_faithful_mode_grows_every_k_rounds_checks_before_growing_and_skips_last_aggregation():
+    # p = 0.5, alpha = 0.6: f < alpha at 0.5, so it grows once more to 0.75 (overshoots alpha).
+    sim = Simulation(tiny(fedselect_mode="faithful", mask_every=2, pers_rate=0.5, pers_limit=0.6, rounds=6))
+    fractions, results = [], []
+    for result in sim.run():
+        fractions.append(sim.clients[0].extra["fraction"])
+        results.append(result)
+    assert fractions == [0.0, 0.5, 0.5, 0.75, 0.75, 0.75]
+    assert all(c.bytes_up == 0 for c in results[-1].clients)          # last round: no aggregation
+    assert all(c.acc_global == c.acc_local for c in results[-1].clients)
+    assert all(c.bytes_up > 0 for c in results[-2].clients)
+    for name in sim.algorithm.selectable:  # ties at the cut-off are included: at least the count
+        assert int(sim.clients[0].mask[name].sum()) >= grow_count(sim.algorithm.numels[name], 0.75)
