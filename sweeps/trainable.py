@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     extra = {"sweep": sweep, "trial_id": tune.get_context().get_trial_id()}
 
     sent = 0.0
+    started_at = time.time()
     checkpoint = tune.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as folder:
@@ -86,10 +88,15 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     else:
         parquet_sink.write_clients(sweep_path, config_hash, [row | extra for row in client_rows(sim.data, run_config)])
 
+    # Where this process picked the run up, and what it was given: shown in trials.parquet.
+    provenance = {"resumed_from_round": sim.completed, "started_at": started_at,
+                  "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
+                  "threads": float(torch.get_num_threads())}
     for result in sim.run():
         rows = [row | extra for row in round_rows(result, run_config, sim.model_name)]
         parquet_sink.write_round(sweep_path, config_hash, result.round, rows)
-        metrics = summarize(result, sent) | {"config_hash": config_hash, "done": result.round == run_config.rounds}
+        metrics = summarize(result, sent) | provenance | {"config_hash": config_hash, "done": result.round == run_config.rounds,
+                                                         "reported_at": time.time()}
         sent = metrics["mb_total"]
         if result.round % checkpoint_every == 0 or result.round == run_config.rounds:
             with tempfile.TemporaryDirectory() as folder:

@@ -1,7 +1,9 @@
 """Shared fixtures: tiny runs on the synthetic source (8x8, 10 classes) so that tests take seconds."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,3 +26,19 @@ def tiny(**overrides) -> RunConfig:
 def _deterministic_threads():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """One local Ray cluster for the whole session: 4 logical CPUs and 1 logical GPU (so that
+    fractional GPU packing can be tested on a machine without one). Its temp files stay in the
+    test's tmp folder. Yields its address (for subprocess drivers) and `cluster_resources`."""
+    import ray
+
+    temp = tmp_path_factory.mktemp("ray")
+    os.environ["RAY_TMPDIR"] = str(temp)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    ray.init(num_cpus=4, num_gpus=1, _temp_dir=str(temp), include_dashboard=False, logging_level="WARNING",
+             configure_logging=True)
+    yield SimpleNamespace(address=ray.get_runtime_context().gcs_address, cluster_resources=ray.cluster_resources)
+    ray.shutdown()
