@@ -162,17 +162,21 @@ class Simulation:
         self.clients = [ClientState.from_dict(to_device(c)) for c in state["clients"]]
         self.completed = state["completed"]
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the state atomically (temp file + rename)."""
+    def save(self, path: str | os.PathLike, **extra: Any) -> None:
+        """Write the state (plus any small `extra` values) atomically: temp file, then rename."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        torch.save(self.state_dict(), buffer)
-        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict() | {"extra": extra}, buffer)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(buffer.getvalue())
         os.replace(tmp, path)
 
-    def restore(self, path: str | os.PathLike) -> None:
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    def restore(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Load a state written by `save`; returns its `extra` values."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.load_state_dict(state)
+        return state.get("extra", {})
 
 
 def _map_tensors(obj: Any, fn) -> Any:

@@ -37,7 +37,6 @@ def launch(study: Study, args: argparse.Namespace, folder: Path, trials: list[di
     print(f"[sweep] {len(configs)} trials over {len(datasets)} data setting(s)", flush=True)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # we checkpoint often on purpose
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=args.address, include_dashboard=False, configure_logging=True,
@@ -76,7 +75,6 @@ def _tune(study: Study, args: argparse.Namespace, folder: Path, request: resourc
                            run_config=tune.RunConfig(
                                name="tune", storage_path=str(folder),
                                failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                               checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                                callbacks=[sink], verbose=args.verbose,
                                progress_reporter=_reporter(study, args)))
     start = time.time()

@@ -26,10 +26,10 @@ from ray import tune
 
 from fl_core.config import NON_SEMANTIC, RunConfig
 
-from .trainable import STATE_FILE, trial_config
+from . import metrics as round_summary
+from .parquet_sink import round_files
+from .trainable import state_path, trial_config
 
-METRIC_KEYS = ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "loss_mean",
-               "personal_fraction_mean", "personal_fraction_std", "mb_round", "mb_total", "round_seconds")
 
 
 def default_tracking_uri(results: Path) -> str:
@@ -148,11 +148,16 @@ class MLflowSink(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial)
         rnd = int(result.get("round", 0))
-        if not run_id or rnd <= self._logged.get(run_id, 0):
+        logged = self._logged.get(run_id, 0)
+        if not run_id or rnd <= logged:
             return  # already logged (a resumed trial repeating rounds after its last checkpoint)
+        rows = [result]
+        if rnd > logged + 1:  # rounds this driver never saw (e.g. reported just before an interruption)
+            files = round_files(self.sweep_dir, result["config_hash"])
+            rows = [m for m in round_summary.history(files) if logged < m["round"] < rnd] + rows
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(result[k]), now, rnd) for k in METRIC_KEYS if k in result]
+        metrics = [Metric(k, float(r[k]), now, int(r["round"])) for r in rows for k in round_summary.METRIC_KEYS]
         self._guard("logging metrics", self.client.log_batch, run_id, metrics=metrics)
         self._logged[run_id] = rnd
 
@@ -171,7 +176,7 @@ class MLflowSink(tune.Callback):
         key = RunConfig.from_dict(trial_config(trial.config)).config_hash()
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder)
-            rounds = sorted((self.sweep_dir / "rounds").glob(f"{key}-r*.parquet"))
+            rounds = round_files(self.sweep_dir, key)
             if rounds:
                 final = pd.read_parquet(rounds[-1])
                 final[["client", "round", "acc", "acc_local", "acc_global", "n_train", "n_test",
@@ -182,19 +187,17 @@ class MLflowSink(tune.Callback):
                 (out / "label_histograms.json").write_text(json.dumps(
                     {int(r.client): {"train": list(map(int, r.train_label_hist)), "test": list(map(int, r.test_label_hist))}
                      for r in hist.itertuples()}))
-            masks = _final_masks(trial)
+            masks = _final_masks(state_path(self.sweep_dir, key))
             if masks:
                 np.savez_compressed(out / "fedselect_masks.npz", **masks)
             self.client.log_artifacts(run_id, folder)
 
 
-def _final_masks(trial) -> dict[str, np.ndarray]:
+def _final_masks(path: Path) -> dict[str, np.ndarray]:
     """Each client's final personal mask, bit-packed (np.unpackbits(x)[:numel] restores it)."""
-    checkpoint = getattr(trial, "checkpoint", None)
-    if checkpoint is None:
+    if not path.exists():
         return {}
-    with checkpoint.as_directory() as folder:
-        state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     packed = {}
     for k, client in enumerate(state["clients"]):
         for name, mask in (client["mask"] or {}).items():

@@ -21,8 +21,13 @@ def round_path(sweep_dir: Path, config_hash: str, rnd: int) -> Path:
     return sweep_dir / "rounds" / f"{config_hash}-r{rnd:04d}.parquet"
 
 
-def write_round(sweep_dir: Path, config_hash: str, rnd: int, rows: list[dict]) -> Path:
-    return write_parquet(pd.DataFrame(rows), round_path(sweep_dir, config_hash, rnd))
+def write_round(sweep_dir: Path, config_hash: str, rnd: int, rows: pd.DataFrame) -> Path:
+    return write_parquet(rows, round_path(sweep_dir, config_hash, rnd))
+
+
+def round_files(sweep_dir: Path, config_hash: str) -> list[Path]:
+    """A trial's round files, in round order."""
+    return sorted((Path(sweep_dir) / "rounds").glob(f"{config_hash}-r*.parquet"))
 
 
 def write_clients(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path:
