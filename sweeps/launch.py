@@ -96,7 +96,9 @@ def _param_space(study: Study, args: argparse.Namespace) -> dict:
 def _tune_config(args: argparse.Namespace):
     from ray import tune
 
-    kwargs: dict[str, Any] = {"metric": "acc_mean", "mode": "max"}
+    # reuse_actors: a fresh trial process spends ~4.5 s importing torch and Ray Tune; reusing the
+    # process of a finished trial (same resources) makes later trials start in a fraction of that.
+    kwargs: dict[str, Any] = {"metric": "acc_mean", "mode": "max", "reuse_actors": True}
     if args.max_concurrent:
         kwargs["max_concurrent_trials"] = args.max_concurrent
     if args.search == "optuna":
