@@ -136,7 +136,7 @@ def _trials_table(grid, folder: Path) -> pd.DataFrame:
         row = {k: v for k, v in config.to_dict().items() if k not in NON_SEMANTIC}
         row |= {"config_hash": config.config_hash(), "sweep": folder.name, "status": status,
                 "rounds_done": int(metrics.get("round", 0)), "wall_seconds": float(metrics.get("time_total_s", 0.0)),
-                "device": metrics.get("device"), "error": None if result.error is None else str(result.error)[:500]}
+                "device": metrics.get("device"), "data_from_driver": metrics.get("data_from_driver"), "error": None if result.error is None else str(result.error)[:500]}
         for key in ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean",
                     "personal_fraction_mean", "mb_total", "resumed_from_round", "started_at", "reported_at",
                     "gpus_assigned", "threads"):

@@ -82,7 +82,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     # Where this process picked the run up, and what it was given: shown in trials.parquet.
     provenance = {"resumed_from_round": sim.completed, "started_at": started_at,
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
-                  "threads": float(torch.get_num_threads()), "config_hash": config_hash}
+                  "threads": float(torch.get_num_threads()), "config_hash": config_hash,
+                  "data_from_driver": ref is not None}
     for result in sim.run():
         rows = pd.DataFrame([row | extra | {"round_seconds": result.seconds}
                              for row in round_rows(result, run_config, sim.model_name)])

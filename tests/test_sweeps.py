@@ -41,6 +41,7 @@ def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path
     assert len(tidy) == len(rounds) and (tidy.status == "COMPLETED").all()
     pd.testing.assert_frame_equal(final_rows(rounds), direct_final_rows(trials))
     assert (trials.threads == 1).all() and (trials.device == "cpu").all()
+    assert trials.data_from_driver.all()  # loaded once on the driver, not re-read by the trials
 
     client, parents, children = mlflow_runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
