@@ -12,7 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("fedselect", "fedavg", "local", "fedavg_ft")
+ALGORITHMS = ("fedselect", "fedavg", "local", "fedavg_ft", "fedper", "fedrep", "fedbabu", "lg_fedavg", "ditto",
+              "fedpac", "lotteryfl")
+FEDSELECT_VARIANTS = ("gradselect", "personalize_least", "layer", "random")
+BLOCKS = ("A", "B", "C", "D")
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 PARTITIONS = ("shards", "dirichlet", "iid")
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18")
@@ -57,8 +60,18 @@ class RunConfig:
     select_params: str = _knob("weights", "FedSelect: tensors that may become personal (weights = *weight tensors; all = every parameter)", SELECT_PARAMS)
     fedselect_mode: str = _knob("default", "FedSelect semantics: default (DESIGN.md) or faithful (the public reference code)", FEDSELECT_MODES)
     mask_every: int = _knob(1, "FedSelect faithful mode: grow the mask every k rounds")
+    fedselect_variant: str = _knob("gradselect", "FedSelect ablation (paper Table 3): gradselect = largest |Δ|; "
+                                   "personalize_least = smallest |Δ|; layer = one whole block; random = random entries",
+                                   FEDSELECT_VARIANTS)
+    layer_block: str = _knob("A", "FedSelect layer ablation: the block made personal (A-D, see fl_core/models.py)", BLOCKS)
     weighting: str = _knob("uniform", "server averaging weights: uniform over clients or by training samples", WEIGHTINGS)
-    ft_epochs: int = _knob(1, "FedAvg+FT: fine-tuning epochs before each evaluation")
+    ft_epochs: int = _knob(1, "FedAvg+FT and FedBABU: fine-tuning epochs before each evaluation")
+    head_epochs: int = _knob(10, "FedRep: epochs training the head (body frozen) before the body epochs")
+    ditto_lambda: float = _knob(0.1, "Ditto: weight λ of the proximal term λ/2·||v - w||² of the personal model")
+    fedpac_lambda: float = _knob(1.0, "FedPAC: weight λ of the feature-alignment loss")
+    lottery_acc_threshold: float = _knob(0.5, "LotteryFL: prune only while local accuracy is at least this")
+    lottery_prune_step: float = _knob(0.2, "LotteryFL: share of the remaining weights pruned per pruning step")
+    lottery_target_sparsity: float = _knob(0.5, "LotteryFL: stop pruning at this share of pruned weights")
     seed: int = _knob(0, "seed of partition, initialisation and batch order")
     data_root: str | None = _knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)")
     download: bool = _knob(False, "download mnist/cifar10 if missing (needs internet)")
@@ -95,8 +108,15 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value!r} must be >= 1 (or none)")
-        if self.ft_epochs < 0:
-            raise ConfigError(f"ft_epochs={self.ft_epochs!r} must be >= 0")
+        for name in ("ft_epochs", "head_epochs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("ditto_lambda", "fedpac_lambda"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("lottery_acc_threshold", "lottery_prune_step", "lottery_target_sparsity"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is outside the allowed range [0, 1]")
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict[str, Any]:

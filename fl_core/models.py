@@ -7,8 +7,12 @@
 | resnet18_cifar  | torchvision ResNet-18 with a 3x3 stride-1 stem and no max-pool (CIFAR stem) |
 | resnet18        | torchvision ResNet-18 as is (ImageNet stem: 7x7 stride 2 + max-pool)        |
 
-Every model names its classifier `head` (small CNNs) or `fc` (ResNets); `HEAD_PREFIX` records it
-so that methods that split body and head find it in one place.
+Parameter groups, defined here once for every method that needs them:
+- head: the classifier (`head` in the small CNNs, `fc` in the ResNets); body: everything else.
+  FedPer, FedRep, FedBABU and FedPAC personalize or freeze the head; LG-FedAvg keeps the body
+  ("lower layers", the local representation) personal and averages the head.
+- blocks A-D, for FedSelect's layer ablation: the four residual stages `layer1`..`layer4` of
+  ResNet-18; for the small CNNs, conv1 (A), conv2 (B), the hidden linear layers (C), the head (D).
 """
 from __future__ import annotations
 
@@ -18,6 +22,27 @@ from torch import nn
 from .config import ConfigError
 
 HEAD_PREFIX = {"lenet": "head.", "cnn2": "head.", "resnet18_cifar": "fc.", "resnet18": "fc."}
+_SMALL_BLOCKS = {"A": ("features.0.",), "B": ("features.3.",), "C": ("fc.",), "D": ("head.",)}
+_RESNET_BLOCKS = {"A": ("layer1.",), "B": ("layer2.",), "C": ("layer3.",), "D": ("layer4.",)}
+BLOCKS = {"lenet": _SMALL_BLOCKS, "cnn2": _SMALL_BLOCKS, "resnet18_cifar": _RESNET_BLOCKS, "resnet18": _RESNET_BLOCKS}
+
+
+def is_head(model_name: str, param_name: str) -> bool:
+    """Whether a parameter belongs to the classifier head of a registered model."""
+    return param_name.startswith(HEAD_PREFIX[model_name])
+
+
+def block_of(model_name: str, param_name: str) -> str | None:
+    """The block (A-D) a parameter belongs to, or None (e.g. a ResNet's stem)."""
+    for block, prefixes in BLOCKS[model_name].items():
+        if param_name.startswith(prefixes):
+            return block
+    return None
+
+
+def head_module(model: nn.Module, model_name: str) -> nn.Module:
+    """The classifier module; its input is the model's feature vector (used by FedPAC)."""
+    return getattr(model, HEAD_PREFIX[model_name].rstrip("."))
 
 
 def resolve_model_name(name: str, input_shape: tuple[int, int, int]) -> str:

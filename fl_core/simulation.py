@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .algorithms import REGISTRY, ClientState
+from .algorithms import ClientState, get_algorithm
 from .config import ConfigError, RunConfig
 from .data import FederatedData, build_federated_data
 from .models import build_model, resolve_model_name
@@ -97,7 +97,7 @@ class Simulation:
         sgd = SGDSettings(lr=config.lr, batch_size=config.batch_size, momentum=config.momentum,
                           weight_decay=config.weight_decay)
         self.trainer = LocalTrainer(model, sgd)
-        self.algorithm = REGISTRY[config.algorithm](config, self.trainer)
+        self.algorithm = get_algorithm(config.algorithm)(config, self.trainer, self.model_name)
         self.clients: list[ClientState] = self.algorithm.setup(read_state(model), config.num_clients)
         self.completed = 0
 

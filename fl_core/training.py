@@ -7,7 +7,7 @@ with a seeded permutation, so there is no DataLoader and no host sync inside the
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +19,12 @@ State = dict[str, Tensor]
 # What one pass may change: name -> None (the whole tensor) or a float 0/1 tensor (those entries).
 # Parameters not named are frozen for the pass.
 UpdateSpec = Mapping[str, Tensor | None]
+# A training loss other than cross-entropy: (model, x, y) -> scalar loss (e.g. FedPAC's alignment).
+LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return F.cross_entropy(model(x), y)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -52,10 +58,14 @@ class LocalTrainer:
         self.params = dict(model.named_parameters())
 
     # ---------------------------------------------------------------- training
-    def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int) -> tuple[State, Tensor, int]:
+    def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
+                   loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
+                   ) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
-        The loss sum stays a device tensor so that callers decide when to synchronise.
+        `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained tensors
+        (Ditto's personal objective). The loss sum stays a device tensor so that callers decide
+        when to synchronise.
         """
         model, sgd = self.model, self.sgd
         load_state(model, state)
@@ -67,14 +77,14 @@ class LocalTrainer:
         masks = [update[n] for n in names]
         masked_idx = [i for i, m in enumerate(masks) if m is not None]
         velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
+        anchor = [prox[1][n] for n in names] if prox else None
 
         n = x.shape[0]
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
         loss_sum = torch.zeros((), device=x.device)
         for start in range(0, n, sgd.batch_size):
             idx = order[start:start + sgd.batch_size]
-            out = model(x[idx])
-            loss = F.cross_entropy(out, y[idx])
+            loss = loss_fn(model, x[idx], y[idx])
             for p in trained:
                 p.grad = None
             loss.backward()
@@ -82,6 +92,8 @@ class LocalTrainer:
                 grads = [p.grad for p in trained]
                 if sgd.weight_decay:
                     torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
+                if anchor is not None:
+                    torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=prox[0])
                 if velocity is not None:
                     torch._foreach_mul_(velocity, sgd.momentum)
                     torch._foreach_add_(velocity, grads)

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..config import RunConfig
 from ..data import ClientData
 from ..masks import Mask, masked_average
+from ..models import is_head
 from ..training import LocalTrainer, State, UpdateSpec, derive_seed
 
 BYTES_PER_ENTRY = 4  # float32 on the wire
@@ -52,10 +53,13 @@ class Algorithm:
     acc_from: ClassVar[str] = "local"
     communicates: ClassVar[bool] = True
 
-    def __init__(self, config: RunConfig, trainer: LocalTrainer) -> None:
+    def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
         self.config = config
         self.trainer = trainer
+        self.model_name = model_name
         self.param_names = list(trainer.params)
+        self.head_names = [n for n in self.param_names if is_head(model_name, n)]
+        self.body_names = [n for n in self.param_names if not is_head(model_name, n)]
         self.numels = {n: p.numel() for n, p in trainer.params.items()}
         self.global_state: State = {}
 
@@ -107,25 +111,27 @@ class Algorithm:
             return [d.n_train / total for d in data]
         return [1.0 / len(data)] * len(data)
 
+    def shared_names(self) -> list[str]:
+        """Parameters the server averages (all by default; body-only or head-only methods narrow it)."""
+        return self.param_names
+
     def sent_entries(self, client: ClientState) -> int:
-        contrib = self.contribution(client)
-        if contrib is None:
-            return sum(self.numels.values())
-        return sum(int(contrib[n].sum()) if n in contrib else self.numels[n] for n in self.param_names)
+        contrib = self.contribution(client) or {}
+        return sum(int(contrib[n].sum()) if n in contrib else self.numels[n] for n in self.shared_names())
 
     def aggregate(self, clients: list[ClientState], data: list[ClientData], rnd: int) -> list[int]:
         """Average what clients send, broadcast it back; returns bytes sent per client (each way)."""
         contribs = [self.contribution(c) for c in clients]
         self.global_state.update(masked_average(
             self.global_state, [c.state for c in clients], contribs,
-            self.aggregation_weights(data), self.param_names))
+            self.aggregation_weights(data), self.shared_names()))
         for client in clients:
             self.receive(client)
         return [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
 
     def receive(self, client: ClientState) -> None:
-        """Write the broadcast global parameters into the client (buffers stay local)."""
-        for n in self.param_names:
+        """Write the broadcast shared parameters into the client (buffers stay local)."""
+        for n in self.shared_names():
             client.state[n] = self.global_state[n].clone()
 
     def personalized_state(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:

@@ -30,8 +30,8 @@ class FedSelect(Algorithm):
     name = "fedselect"
     acc_from = "local"
 
-    def __init__(self, config, trainer) -> None:
-        super().__init__(config, trainer)
+    def __init__(self, config, trainer, model_name) -> None:
+        super().__init__(config, trainer, model_name)
         self.faithful = config.fedselect_mode == "faithful"
         if config.select_params == "all":
             self.selectable = list(self.param_names)
