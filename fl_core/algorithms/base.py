@@ -76,22 +76,24 @@ class Algorithm:
         return {n: None for n in self.param_names}
 
     def train_pass(self, client: ClientState, data: ClientData, rnd: int, k: int, epoch: int,
-                   update: UpdateSpec, purpose: str, stats: LocalStats) -> None:
+                   update: UpdateSpec, purpose: str, stats: LocalStats, **options: Any) -> None:
         """One pass of SGD on client k's training data, changing what `update` allows.
 
         The batch order depends on (seed, round, client, epoch, purpose) only, so two methods that
-        make the same pass see the same batches.
+        make the same pass see the same batches. `options` go to `LocalTrainer.train_pass`
+        (`loss_fn`, `prox`).
         """
         seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
-        client.state, loss, n = self.trainer.train_pass(client.state, data.x_train, data.y_train, update, seed)
+        client.state, loss, n = self.trainer.train_pass(client.state, data.x_train, data.y_train, update, seed,
+                                                        **options)
         stats.loss_sum += loss
         stats.samples += n
 
     def run_epochs(self, client: ClientState, data: ClientData, rnd: int, k: int, epochs: int,
-                   update: UpdateSpec, purpose: str = "global") -> LocalStats:
+                   update: UpdateSpec, purpose: str = "global", **options: Any) -> LocalStats:
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
         for epoch in range(epochs):
-            self.train_pass(client, data, rnd, k, epoch, update, purpose, stats)
+            self.train_pass(client, data, rnd, k, epoch, update, purpose, stats, **options)
         return stats
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
@@ -101,6 +103,7 @@ class Algorithm:
     def aggregates_in(self, rnd: int) -> bool:
         """Whether the server averages and broadcasts at the end of round `rnd` (1-based)."""
         return self.communicates
+
     def contribution(self, client: ClientState) -> Mask | None:
         """Bool masks of the entries this client sends (None: all of them)."""
         return None
