@@ -50,7 +50,8 @@ def grow_count(numel: int, fraction: float) -> int:
 
 
 def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bool = False) -> Tensor:
-    """Make `count` more entries personal: the still-global ones with the largest |delta|.
+    """Make `count` more entries personal: the still-global ones with the largest |delta|
+    (`delta` may be any score; its magnitude ranks the entries).
 
     Exactly `count` entries are added (fewer only if fewer are global). Ties at the cut-off are
     broken deterministically by flat index (lowest first), so a tensor full of equal deltas grows

@@ -113,3 +113,56 @@ def test_faithful_mode_grows_every_k_rounds_checks_before_growing_and_skips_last
     assert all(c.bytes_up > 0 for c in results[-2].clients)
     for name in sim.algorithm.selectable:  # ties at the cut-off are included: at least the count
         assert int(sim.clients[0].mask[name].sum()) >= grow_count(sim.algorithm.numels[name], 0.75)
+
+
+# ---------------------------------------------------------------------- ablations (Table 3)
+@pytest.mark.parametrize("variant", ["personalize_least", "random"])
+def test_ablations_follow_the_same_schedule(variant):
+    sim = Simulation(tiny(rounds=4, fedselect_variant=variant))
+    for result, f in zip(sim.run(), fraction_schedule(0.3, 0.6, 4)):
+        for client in sim.clients:
+            for name in sim.algorithm.selectable:
+                assert int(client.mask[name].sum()) == grow_count(sim.algorithm.numels[name], f), (variant, name)
+
+
+def test_personalize_least_takes_the_smallest_delta():
+    sim = Simulation(tiny(rounds=3, fedselect_variant="personalize_least"))
+    next(sim.run())
+    algo, k = sim.algorithm, 2
+    client, data = sim.clients[k], sim.data.clients[k]
+    before_state = {n: t.clone() for n, t in client.state.items()}
+    before_mask = {n: m.clone() for n, m in client.mask.items()}
+    algo.local_update(k, client, data, rnd=2)
+    for name in algo.selectable:
+        delta = (client.state[name] - before_state[name]).abs()
+        new = client.mask[name] & ~before_mask[name]
+        still_global = ~client.mask[name]
+        assert int(new.sum()) > 0
+        if still_global.any():
+            assert delta[new].max() <= delta[still_global].min(), name
+
+
+def test_random_variant_is_seeded_and_differs_from_gradselect():
+    masks = {}
+    for variant, seed in (("random", 0), ("random", 0), ("random", 1), ("gradselect", 0)):
+        sim = Simulation(tiny(rounds=1, fedselect_variant=variant, seed=seed))
+        sim.run_round()
+        masks.setdefault((variant, seed), []).append(sim.clients[0].mask)
+    name = "features.0.weight"
+    a, b = masks[("random", 0)]
+    assert torch.equal(a[name], b[name])
+    assert not torch.equal(a[name], masks[("random", 1)][0][name])
+    assert not torch.equal(a[name], masks[("gradselect", 0)][0][name])
+
+
+@pytest.mark.parametrize("block,prefixes", [("A", ("features.0.",)), ("C", ("fc.",)), ("D", ("head.",))])
+def test_layer_ablation_personalizes_exactly_one_block(block, prefixes):
+    sim = Simulation(tiny(rounds=3, fedselect_variant="layer", layer_block=block))
+    list(sim.run())
+    algo = sim.algorithm
+    for client in sim.clients:
+        for name in algo.param_names:
+            assert bool(client.mask[name].all()) == name.startswith(prefixes), name
+            assert bool(client.mask[name].any()) == name.startswith(prefixes), name
+    heads = [c.state[n] for c in sim.clients for n in algo.param_names if n.startswith(prefixes)]
+    assert not all(torch.equal(heads[0], h) for h in heads[1:])  # the block is trained, and locally

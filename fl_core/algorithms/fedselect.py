@@ -11,6 +11,13 @@ per tensor, so that the personal fraction f grows as f <- min(α, f + p(1 - f)).
 averages only global entries (`masks.masked_average`); personal entries never leave the client.
 With p = 0 or α = 0 nothing becomes personal and the run is exactly FedAvg.
 
+Ablations (the paper's Table 3), chosen by `fedselect_variant`; they change only which entries
+become personal, never the schedule:
+- `personalize_least`: the still-global entries with the *smallest* |Δ| become personal;
+- `random`: random still-global entries (seeded by run seed, round, client and tensor);
+- `layer`: no selection at all; one whole block (`layer_block`, A-D as defined in
+  fl_core/models.py) is personal from the start and everything else stays global.
+
 `fedselect_mode="faithful"` follows the public reference code where it differs: the mask grows
 every `mask_every` rounds with Δ measured since the start of that period, f grows whenever
 f < α (so it may overshoot α), every entry tied at the cut-off is taken, and the last round is
@@ -20,9 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from ..config import ConfigError
 from ..data import ClientData
 from ..masks import Mask, grow_count, personal_fraction, select_largest
-from ..training import State
+from ..models import block_of
+from ..training import State, derive_seed
 from .base import Algorithm, ClientState, LocalStats
 
 
@@ -41,6 +50,12 @@ class FedSelect(Algorithm):
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
         client.mask = {n: torch.zeros_like(init[n], dtype=torch.bool) for n in self.selectable}
+        if self.config.fedselect_variant == "layer":
+            block = self.config.layer_block
+            if not any(block_of(self.model_name, n) == block for n in self.param_names):
+                raise ConfigError(f"layer_block={block!r} names no parameter of model {self.model_name}")
+            client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
+                           for n in self.param_names}
         client.extra["fraction"] = 0.0
         return client
 
@@ -51,12 +66,14 @@ class FedSelect(Algorithm):
             client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)
         if rnd % every == 0:
-            self.grad_select(client, client.extra.pop("reference"))
+            reference = client.extra.pop("reference")
+            if self.config.fedselect_variant != "layer":
+                self.grad_select(client, reference, rnd, k)
         return stats
 
     def local_alt(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         mask = client.mask
-        personal_pass = {n: mask[n].to(torch.float32) for n in self.selectable}
+        personal_pass = {n: m.to(torch.float32) for n, m in mask.items()}
         global_pass = {n: (~mask[n]).to(torch.float32) if n in mask else None for n in self.param_names}
         has_personal = any(bool(m.any()) for m in mask.values())
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
@@ -72,16 +89,27 @@ class FedSelect(Algorithm):
             return f + p * (1.0 - f) if f < alpha else f
         return min(alpha, f + p * (1.0 - f))
 
-    def grad_select(self, client: ClientState, reference: State) -> None:
-        """Grow each selectable tensor's personal set to the next fraction by largest |Δ|."""
+    def grad_select(self, client: ClientState, reference: State, rnd: int, k: int) -> None:
+        """Grow each selectable tensor's personal set to the next fraction (largest |Δ| first)."""
         f = self.next_fraction(client.extra["fraction"])
         client.extra["fraction"] = f
         for n in self.selectable:
             target = grow_count(self.numels[n], f)
             add = target - int(client.mask[n].sum())
             if add > 0:
-                delta = client.state[n] - reference[n]
-                client.mask[n] = select_largest(delta, client.mask[n], add, include_ties=self.faithful)
+                scores = self.selection_scores(client.state[n] - reference[n], rnd, k, n)
+                client.mask[n] = select_largest(scores, client.mask[n], add, include_ties=self.faithful)
+
+    def selection_scores(self, delta: torch.Tensor, rnd: int, k: int, name: str) -> torch.Tensor:
+        """Non-negative scores; the highest become personal. GradSelect: |Δ|; ablations differ."""
+        variant = self.config.fedselect_variant
+        if variant == "personalize_least":
+            magnitude = delta.abs()
+            return magnitude.max() - magnitude
+        if variant == "random":
+            generator = torch.Generator().manual_seed(derive_seed(self.config.seed, rnd, k, name, "random"))
+            return torch.rand(delta.shape, generator=generator).to(delta.device)
+        return delta.abs()
 
     # ---------------------------------------------------------------- server side
     def aggregates_in(self, rnd: int) -> bool:
