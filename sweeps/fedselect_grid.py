@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -18,15 +19,15 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from ray import tune  # noqa: E402
 
-from sweeps.study import Study, common_config, run_study  # noqa: E402
+from sweeps.study import Study, common_config, data_settings, run_study, trial_grid  # noqa: E402
 
 # The paper's CIFAR-10 / ResNet-18 study. Values marked "reference code" are the defaults of the
 # public FedSelect code (its utils/options.py), used where the paper's own values could not be
 # recovered; values marked "ours" are this project's choices for the swept axes.
 PAPER_PRESET = {
-    "dataset": "cifar10",             # paper
+    "dataset": ["cifar10"],           # paper
     "model": "resnet18",              # reference code (torchvision ResNet-18, ImageNet stem)
-    "partition": "shards",            # paper: pathological non-IID, 2 classes per client
+    "partition": ["shards"],          # paper: pathological non-IID, 2 classes per client
     "shards_per_client": 2,           # reference code
     "samples_per_client": 100,        # paper: 100 training samples per client
     "num_clients": 10,                # ours (reference code: 100 clients, 10 % sampled per round)
@@ -44,8 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     axes = parser.add_argument_group("swept axes (each a list; the grid is their product)")
     axes.add_argument("--pers-rate", type=float, nargs="+", default=[0.1, 0.25, 0.5], help="FedSelect p values")
     axes.add_argument("--pers-limit", type=float, nargs="+", default=[0.5, 0.8], help="FedSelect α values")
-    axes.add_argument("--dir-alpha", type=float, nargs="+", default=[0.1, 0.5], help="Dirichlet α values")
-    axes.add_argument("--local-epochs", type=int, nargs="+", default=[1, 2], help="local epoch values")
     axes.add_argument("--anchors", nargs="*", default=["fedavg", "local"],
                       help="algorithms run once per data setting and epochs value as anchors (none: --anchors)")
     axes.add_argument("--preset", choices=("default", "paper"), default="default",
@@ -62,15 +61,11 @@ def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
 
 def grid(args: argparse.Namespace) -> list[dict]:
     args = apply_preset(args)
-    base = common_config(args)
-    data_axes = list(itertools.product(args.dir_alpha, args.local_epochs, args.seeds))
-    trials = [base | {"algorithm": "fedselect", "pers_rate": p, "pers_limit": a, "dir_alpha": d,
-                      "local_epochs": e, "seed": s}
-              for p, a, (d, e, s) in itertools.product(args.pers_rate, args.pers_limit, data_axes)]
+    fedselect = [{"algorithm": "fedselect", "pers_rate": p, "pers_limit": a}
+                 for p, a in itertools.product(args.pers_rate, args.pers_limit)]
     # Anchors carry p = α = 0 (no personalization) so that every trial has every column.
-    trials += [base | {"algorithm": algo, "pers_rate": 0.0, "pers_limit": 0.0, "dir_alpha": d, "local_epochs": e, "seed": s}
-               for algo in args.anchors for d, e, s in data_axes]
-    return trials
+    anchors = [{"algorithm": algo, "pers_rate": 0.0, "pers_limit": 0.0} for algo in args.anchors]
+    return trial_grid(args, fedselect + anchors)
 
 
 def search_space(args: argparse.Namespace) -> dict:
@@ -81,10 +76,14 @@ def search_space(args: argparse.Namespace) -> dict:
     def span(values):
         return tune.uniform(min(values), max(values)) if min(values) < max(values) else values[0]
 
+    settings = data_settings(args)
     return common_config(args) | {
         "algorithm": "fedselect", "seed": args.seeds[0],
         "pers_rate": span(args.pers_rate), "pers_limit": span(args.pers_limit),
-        "dir_alpha": tune.choice(args.dir_alpha), "local_epochs": tune.choice(args.local_epochs),
+        "local_epochs": tune.choice(args.local_epochs),
+        # one choice per data setting (dataset, partition, Dir α; all loaded up front), as JSON text
+        # because Optuna's categorical values must be plain scalars
+        **(settings[0] if len(settings) == 1 else {"data": tune.choice([json.dumps(s) for s in settings])}),
     }
 
 
@@ -95,6 +94,7 @@ STUDY = Study(
     grid=grid,
     search_space=search_space,
     columns={"algorithm": "algo", "pers_rate": "p", "pers_limit": "α", "dir_alpha": "Dir α", "local_epochs": "epochs"},
+    defaults={"local_epochs": [1, 2]},
 )
 
 if __name__ == "__main__":

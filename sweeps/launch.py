@@ -93,6 +93,14 @@ def _param_space(study: Study, args: argparse.Namespace) -> dict:
     return {"trial": tune.grid_search(study.grid(args))}
 
 
+def _columns(study: Study, args: argparse.Namespace) -> dict[str, str]:
+    """Progress-table columns that exist in every trial's config (Tune fails on missing ones)."""
+    if args.search == "optuna":
+        space = study.search_space(args)
+        return {k: v for k, v in (study.columns | {"data": "data"}).items() if k in space}
+    return {"trial/" + k: v for k, v in study.columns.items()}
+
+
 def _tune_config(args: argparse.Namespace):
     from ray import tune
 
@@ -115,9 +123,7 @@ def _tune_config(args: argparse.Namespace):
 def _reporter(study: Study, args: argparse.Namespace):
     from ray import tune
 
-    prefix = "" if args.search == "optuna" else "trial/"
-    columns = {prefix + k: v for k, v in study.columns.items()}
-    return tune.CLIReporter(parameter_columns=columns, metric_columns=METRIC_COLUMNS, max_report_frequency=10,
+    return tune.CLIReporter(parameter_columns=_columns(study, args), metric_columns=METRIC_COLUMNS, max_report_frequency=10,
                             max_column_length=12, sort_by_metric=False)
 
 

@@ -135,7 +135,7 @@ class MLflowSink(tune.Callback):
             return run_id
         tags = {"mlflow.parentRunId": self.parent_id, "parent_run": self.parent_id, "sweep": self.sweep,
                 "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id}
-        run = self.client.create_run(self.experiment_id, run_name=f"{config.algorithm}-{key}", tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=f"{_method_label(config)}-{key}", tags=tags)
         from mlflow.entities import Param
         params = [Param(k, str(v)) for k, v in config.to_dict().items() if k not in NON_SEMANTIC]
         self.client.log_batch(run.info.run_id, params=params)
@@ -191,6 +191,14 @@ class MLflowSink(tune.Callback):
             if masks:
                 np.savez_compressed(out / "fedselect_masks.npz", **masks)
             self.client.log_artifacts(run_id, folder)
+
+
+def _method_label(config: RunConfig) -> str:
+    """e.g. `fedavg`, `fedselect`, `fedselect-random`, `fedselect-layerB`."""
+    if config.algorithm != "fedselect" or config.fedselect_variant == "gradselect":
+        return config.algorithm
+    block = config.layer_block if config.fedselect_variant == "layer" else ""
+    return f"fedselect-{config.fedselect_variant}{block}"
 
 
 def _final_masks(path: Path) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ from fl_core.data import DataError
 
 from .errors import SweepError
 
-COMMON_KNOBS = ("dataset", "model", "partition", "num_clients", "shards_per_client", "samples_per_client",
-                "test_samples_per_client", "rounds", "batch_size", "lr", "data_root")
+COMMON_KNOBS = ("model", "num_clients", "shards_per_client", "samples_per_client", "test_samples_per_client",
+                "rounds", "batch_size", "lr", "data_root")
 RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures", "resume", "name", "results",
                     "max_concurrent", "verbose")
 
@@ -40,8 +40,9 @@ class Study:
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]   # the study's own axes
     grid: Callable[[argparse.Namespace], list[dict]]           # grid trials (RunConfig keys)
-    search_space: Callable[[argparse.Namespace], dict]         # Tune space for --search optuna
+    search_space: Callable[[argparse.Namespace], dict] | None  # Tune space for --search optuna (None: grid only)
     columns: dict[str, str]                                    # progress-table parameter columns
+    defaults: dict[str, Any] = field(default_factory=dict)     # the study's defaults for common flags
 
 
 # ====================================================================== flags
@@ -50,11 +51,15 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
         prog=f"python sweeps/{study.name}.py", description=study.description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     study.add_arguments(parser)
-    data = parser.add_argument_group("data and model (one value each)")
+    data = parser.add_argument_group("data and model (lists are crossed: datasets x partitions x Dir α)")
     defaults = RunConfig()
-    data.add_argument("--dataset", default=defaults.dataset, help="digits (offline), mnist, cifar10, synthetic")
+    data.add_argument("--dataset", nargs="+", default=[defaults.dataset],
+                      help="datasets: digits (offline), mnist, cifar10, synthetic")
+    data.add_argument("--partition", nargs="+", default=["dirichlet"], help="partitions: dirichlet, shards, iid")
+    data.add_argument("--dir-alpha", type=float, nargs="+", default=[0.1, 0.5],
+                      help="Dirichlet α values (used by the dirichlet partition only)")
+    data.add_argument("--local-epochs", type=int, nargs="+", default=[1], help="local epoch values")
     data.add_argument("--model", default=defaults.model, help="auto, lenet, cnn2, resnet18_cifar, resnet18")
-    data.add_argument("--partition", default="dirichlet", help="dirichlet, shards or iid")
     data.add_argument("--num-clients", type=int, default=defaults.num_clients)
     data.add_argument("--shards-per-client", type=int, default=defaults.shards_per_client)
     data.add_argument("--samples-per-client", type=_optional_int, default=None,
@@ -89,6 +94,7 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     run.add_argument("--scheduler", choices=("fifo", "asha"), default="fifo",
                      help="asha stops poor trials early (on acc_mean per round)")
     run.add_argument("--inject-crash-at-round", type=int, default=None, help=argparse.SUPPRESS)  # test hook
+    parser.set_defaults(**study.defaults)
     return parser
 
 
@@ -99,6 +105,25 @@ def _optional_int(text: str) -> int | None:
 def common_config(args: argparse.Namespace) -> dict[str, Any]:
     """The knobs shared by every trial of a sweep."""
     return {k: getattr(args, k) for k in COMMON_KNOBS}
+
+
+def data_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (dataset, partition, Dir α) setting of a sweep. Dir α only varies for the dirichlet
+    partition; other partitions get RunConfig's default, so they are not repeated per Dir α."""
+    settings = []
+    for dataset in args.dataset:
+        for partition in args.partition:
+            alphas = args.dir_alpha if partition == "dirichlet" else [RunConfig().dir_alpha]
+            settings += [{"dataset": dataset, "partition": partition, "dir_alpha": a} for a in alphas]
+    return settings
+
+
+def trial_grid(args: argparse.Namespace, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The product of data settings x local epochs x seeds x the study's own `variants`."""
+    base = common_config(args)
+    return [base | setting | {"local_epochs": e, "seed": s} | variant
+            for setting in data_settings(args) for e in args.local_epochs for s in args.seeds
+            for variant in variants]
 
 
 def validate_trials(trials: list[dict]) -> list[RunConfig]:
@@ -169,6 +194,8 @@ def _run(study: Study, args: argparse.Namespace) -> int:
     gpus = resources.parse_gpus(args.gpus_per_trial)
     if args.checkpoint_every < 1:
         raise SweepError(f"--checkpoint-every {args.checkpoint_every} must be >= 1")
+    if args.search == "optuna" and study.search_space is None:
+        raise SweepError(f"--search optuna: the {study.name} study is a grid only; drop --search")
     if args.search == "optuna" and args.num_samples < 1:
         raise SweepError(f"--num-samples {args.num_samples} must be >= 1")
 

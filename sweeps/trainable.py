@@ -15,6 +15,7 @@ SIGKILL all continue from the newest saved round. The file also keeps the final 
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -37,8 +38,11 @@ from .resources import TrialResources
 
 
 def trial_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Flatten a Tune config: grid sweeps nest each trial's knobs under "trial"."""
-    flat = {k: v for k, v in config.items() if k != "trial"}
+    """Flatten a Tune config: grid sweeps nest each trial's knobs under "trial"; Optuna sweeps
+    over several data settings sample one under "data"."""
+    flat = {k: v for k, v in config.items() if k not in ("trial", "data")}
+    if "data" in config:                   # Optuna: a sampled data setting, as JSON text
+        flat.update(json.loads(config["data"]))
     flat.update(config.get("trial", {}))
     return flat
 

@@ -40,3 +40,26 @@ def test_paper_preset_is_cifar10_resnet18():
     trials = grid(args)
     assert {t["dataset"] for t in trials} == {"cifar10"} and {t["model"] for t in trials} == {"resnet18"}
     assert {t["samples_per_client"] for t in trials} == {100}
+
+
+def test_baselines_grid_is_every_method_on_every_split():
+    from fl_core.config import ALGORITHMS
+    from sweeps import baselines
+    trials = baselines.grid(build_parser(baselines.STUDY).parse_args(["--seeds", "0", "1"]))
+    assert len(trials) == len(ALGORITHMS) * 2 * 2  # methods x (2 shards, Dir 0.1) x seeds
+    assert {(t["partition"], t["dir_alpha"]) for t in trials} == {("shards", 0.5), ("dirichlet", 0.1)}
+    assert {t["algorithm"] for t in trials} == set(ALGORITHMS)
+
+
+def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
+    from sweeps import ablation
+    trials = ablation.grid(build_parser(ablation.STUDY).parse_args(["--partition", "shards"]))
+    keys = sorted((t["fedselect_variant"], t["layer_block"]) for t in trials)
+    assert keys == [("gradselect", "A"), ("layer", "A"), ("layer", "B"), ("layer", "C"), ("layer", "D"),
+                    ("personalize_least", "A"), ("random", "A")]
+
+
+def test_grid_only_studies_refuse_optuna(tmp_path, capsys):
+    from sweeps import ablation
+    assert run_study(ablation.STUDY, ["--results", str(tmp_path), "--search", "optuna"]) == 2
+    assert "the ablation study is a grid only" in capsys.readouterr().err

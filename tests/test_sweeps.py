@@ -151,3 +151,20 @@ def test_unreachable_tracking_server_warns_and_parquet_stays_complete(ray_cluste
                           "--tracking-uri", "http://127.0.0.1:9")) == 0
     assert "WARNING: MLflow at http://127.0.0.1:9 failed" in capfd.readouterr().err
     assert len(read_rounds(tmp_path / "nomlflow")) == 2 * 3
+
+
+def test_baselines_and_ablation_studies_run_on_the_shared_machinery(ray_cluster, tmp_path):
+    from fl_core.config import ALGORITHMS
+    from sweeps import ablation, baselines
+    tiny = ["--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
+            "--partition", "shards", "--rounds", "2", "--results", str(tmp_path), "--verbose", "0"]
+    assert run_study(baselines.STUDY, tiny + ["--name", "base"]) == 0
+    assert run_study(ablation.STUDY, tiny + ["--name", "abl", "--blocks", "B"]) == 0
+    base = pd.read_parquet(tmp_path / "base" / "trials.parquet")
+    assert sorted(base.algorithm) == sorted(ALGORITHMS) and (base.status == "COMPLETED").all()
+    abl = pd.read_parquet(tmp_path / "abl" / "trials.parquet")
+    assert sorted(abl.fedselect_variant) == ["gradselect", "layer", "personalize_least", "random"]
+    assert len(read_rounds(tmp_path / "base")) == len(ALGORITHMS) * 2 * 3
+    for experiment, n in (("baselines", len(ALGORITHMS)), ("ablation", 4)):
+        _, parents, children = mlflow_runs(tmp_path, experiment)
+        assert len(parents) == 1 and len(children) == n
