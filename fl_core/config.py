@@ -68,7 +68,7 @@ class RunConfig:
     ft_epochs: int = _knob(1, "FedAvg+FT and FedBABU: fine-tuning epochs before each evaluation")
     head_epochs: int = _knob(10, "FedRep: epochs training the head (body frozen) before the body epochs")
     ditto_lambda: float = _knob(0.1, "Ditto: weight λ of the proximal term λ/2·||v - w||² of the personal model")
-    fedpac_lambda: float = _knob(1.0, "FedPAC: weight λ of the feature-alignment loss")
+    fedpac_lambda: float = _knob(1.0, "FedPAC: weight λ of the feature-alignment loss (a mean over batch and feature entries, as the authors' MSELoss)")
     lottery_acc_threshold: float = _knob(0.5, "LotteryFL: prune only while local accuracy is at least this")
     lottery_prune_step: float = _knob(0.2, "LotteryFL: share of the remaining weights pruned per pruning step")
     lottery_target_sparsity: float = _knob(0.5, "LotteryFL: stop pruning at this share of pruned weights")

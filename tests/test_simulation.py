@@ -70,6 +70,7 @@ def test_each_method_reports_its_own_personalized_accuracy_and_communication():
         assert c.acc == c.acc_global and c.personal_fraction == 0.0
     for c in local.clients:
         assert c.acc == c.acc_local == c.acc_global and c.bytes_up == c.bytes_down == 0
+        assert c.personal_fraction == 1.0  # nothing leaves a Local client
     for c in fedsel.clients:
         assert c.acc == c.acc_local and 0 < c.bytes_up < 4 * n_params and 0 < c.personal_fraction < 0.6
     # FedAvg+FT trains exactly as FedAvg; only its evaluated model (fine-tuned) differs.

@@ -141,7 +141,13 @@ class Algorithm:
         raise NotImplementedError(f"{self.name} evaluates acc_{self.acc_from}, not a custom model")
 
     def personal_fraction(self, client: ClientState) -> float:
-        return 0.0
+        """Share of all parameter entries that never leave the client: everything for a method
+        that does not communicate, else the parameters outside `shared_names` (mask-based
+        methods override this)."""
+        if not self.communicates:
+            return 1.0
+        shared = set(self.shared_names())
+        return sum(v for n, v in self.numels.items() if n not in shared) / sum(self.numels.values())
 
     # ---------------------------------------------------------------- save / restore
     def state_dict(self) -> dict[str, Any]:
