@@ -38,7 +38,9 @@ def masked_average(
                 weight_sum.add_(w)
             else:
                 m = mask.to(total.dtype)
-                total.addcmul_(state[name], m, value=w)
+                # value * mask first, then the same `add_(alpha=w)` as the unmasked branch: an
+                # all-True mask then rounds exactly like no mask (FedSelect p = 0 == FedAvg).
+                total.add_(state[name] * m, alpha=w)
                 weight_sum.add_(m, alpha=w)
         out[name] = torch.where(weight_sum > 0, total / weight_sum.clamp_min(1e-30), previous[name])
     return out
