@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", "personal_fraction_mean":
 def launch(study: Study, args: argparse.Namespace, folder: Path, trials: list[dict], configs: list[RunConfig],
            gpus: float | str) -> int:
     import ray
-    from ray import tune
 
     # Data once per distinct setting, on the driver (a missing file fails here, before Ray starts).
     datasets: dict[str, Any] = {}
