@@ -22,8 +22,7 @@ from .trainable import data_key, run_trial, trial_config
 METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", "personal_fraction_mean": "personal", "mb_total": "MB"}
 
 
-def launch(study: Study, args: argparse.Namespace, folder: Path, trials: list[dict], configs: list[RunConfig],
-           gpus: float | str) -> int:
+def launch(study: Study, args: argparse.Namespace, folder: Path, configs: list[RunConfig], gpus: float | str) -> int:
     import ray
 
     # Data once per distinct setting, on the driver (a missing file fails here, before Ray starts).

@@ -198,7 +198,6 @@ def _run(study: Study, args: argparse.Namespace) -> int:
     if args.search == "optuna" and args.num_samples < 1:
         raise SweepError(f"--num-samples {args.num_samples} must be >= 1")
 
-    trials = study.grid(args)
-    configs = validate_trials(trials)          # bad values fail here, before any data or Ray
-    from .launch import launch                  # heavy imports (ray, mlflow) only for valid sweeps
-    return launch(study, args, folder, trials, configs, gpus)
+    configs = validate_trials(study.grid(args))  # bad values fail here, before any data or Ray
+    from .launch import launch                    # heavy imports (ray, mlflow) only for valid sweeps
+    return launch(study, args, folder, configs, gpus)
