@@ -3,6 +3,8 @@
 Layout under `<results>/<sweep>/`:
   rounds/<config_hash>-r<round>.parquet   one file per trial x round, one row per client
   clients/<config_hash>.parquet           per-client label histograms of the trial's data
+  masks/<config_hash>.parquet             mask-based methods: each client's final mask per tensor
+                                          (bit-packed with np.packbits; np.unpackbits(bits)[:numel])
   trials.parquet                          one row per trial (config, final metrics, status, wall time)
 
 Each file is written atomically (temp file + rename). A trial's round is always written to the
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fl_core.results import write_parquet
@@ -32,6 +35,16 @@ def round_files(sweep_dir: Path, config_hash: str) -> list[Path]:
 
 def write_clients(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path:
     return write_parquet(pd.DataFrame(rows), sweep_dir / "clients" / f"{config_hash}.parquet")
+
+
+def write_masks(sweep_dir: Path, config_hash: str, masks: list[dict | None]) -> Path | None:
+    """Each client's final mask (dict tensor name -> bool tensor), one row per (client, tensor)."""
+    rows = [{"config_hash": config_hash, "client": k, "tensor": name, "shape": list(m.shape), "numel": m.numel(),
+             "bits": np.packbits(m.cpu().numpy().reshape(-1)).tobytes()}
+            for k, mask in enumerate(masks) if mask for name, m in mask.items()]
+    if not rows:
+        return None
+    return write_parquet(pd.DataFrame(rows), Path(sweep_dir) / "masks" / f"{config_hash}.parquet")
 
 
 def _read_folder(folder: Path) -> pd.DataFrame:

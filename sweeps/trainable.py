@@ -97,6 +97,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         progress = {"mb_total": metrics["mb_total"], "last_metrics": metrics}
         if result.round % checkpoint_every == 0 or result.round == run_config.rounds:
             sim.save(saved, **progress)
+        if result.round == run_config.rounds:
+            parquet_sink.write_masks(Path(sweep_dir), config_hash, [c.mask for c in sim.clients])
         tune.report(metrics)
         if crash_at_round == result.round:
             _crash_once(Path(sweep_dir), config_hash, result.round)
