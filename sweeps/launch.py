@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,24 @@ def _tune(study: Study, args: argparse.Namespace, folder: Path, request: resourc
     elapsed = time.time() - start
     trials = _trials_table(grid, folder)
     _summary(study, args, folder, trials, tracking_uri, elapsed)
+    _tables_and_figures(folder)
     return 0 if (trials.status == "COMPLETED").all() else 1
+
+
+def _tables_and_figures(folder: Path) -> None:
+    """The study's LaTeX tables and figures from its Parquet results (analysis/)."""
+    try:
+        from analysis.plots import build_plots
+        from analysis.tables import build_tables
+
+        tables = build_tables([folder])
+        figures = build_plots([folder])
+    except Exception as err:  # noqa: BLE001 - the results are safe; a failed figure must not fail the sweep
+        print(f"WARNING: building tables/figures failed ({type(err).__name__}: {err}); "
+              f"retry with python -m analysis.tables {folder}", file=sys.stderr)
+        return
+    for path in [*tables.values(), *figures]:
+        print(f"[sweep] wrote {path}")
 
 
 def _param_space(study: Study, args: argparse.Namespace) -> dict:

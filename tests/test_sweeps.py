@@ -41,6 +41,8 @@ def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path
     assert len(tidy) == len(rounds) and (tidy.status == "COMPLETED").all()
     pd.testing.assert_frame_equal(final_rows(rounds), direct_final_rows(trials))
     assert (trials.threads == 1).all() and (trials.device == "cpu").all()
+    assert (folder / "tables" / "methods.tex").stat().st_size > 0  # the sweep ends with its table
+    assert (folder / "figures" / "accuracy_vs_round.png").stat().st_size > 0  # ... and its figures
     masks = pd.read_parquet(next((folder / "masks").glob("*.parquet")))
     assert set(masks.client) == {0, 1, 2} and (masks.tensor.str.endswith("weight")).all()
     assert len(list((folder / "masks").glob("*.parquet"))) == 2  # the two FedSelect trials only

@@ -1,0 +1,291 @@
+"""Figures from sweep results (Parquet only): `python -m analysis.plots RESULTS... [--out DIR]`.
+
+Writes each figure as PNG and PDF and prints the paths:
+- `accuracy_vs_round`: mean-over-clients accuracy per round, one line per method, one panel per
+  data setting; mean ± std over seeds.
+- `mask_iou`: client × client IoU of the final FedSelect masks per tensor for one trial (the best
+  one), next to the clients' label-distribution similarity (cosine of train label histograms).
+- `personal_fraction_communication`: personal fraction and cumulative communication (MB) per round.
+- `final_acc_vs_knobs`: final FedSelect accuracy against each swept knob that varies.
+
+Where a method was run with several configurations in a setting, the curves show the configuration
+with the best final accuracy (mean over seeds). A figure the results do not support is skipped
+with a printed note.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from analysis.load import (
+    find_sweeps,
+    load_clients,
+    load_masks,
+    load_rounds,
+    load_trials,
+    method_label,
+    setting_label,
+)
+
+KNOBS = ("pers_rate", "pers_limit", "dir_alpha", "local_epochs")
+# Columns of a rounds row that are not part of a trial's configuration.
+NON_CONFIG = {"seed", "config_hash", "version", "round", "client", "sweep", "trial_id", "acc_local", "acc_global",
+              "acc", "loss", "n_train", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds",
+              "round_seconds"}
+
+
+# ---------------------------------------------------------------- computations (pure)
+
+def iou_matrix(masks: list[np.ndarray]) -> np.ndarray:
+    """Pairwise intersection-over-union of boolean masks (same shape); 1.0 where both are empty."""
+    flat = np.stack([np.asarray(m, dtype=bool).ravel() for m in masks]).astype(np.int64)
+    inter = flat @ flat.T
+    sizes = flat.sum(axis=1)
+    union = sizes[:, None] + sizes[None, :] - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union == 0, 1.0, inter / np.maximum(union, 1))
+
+
+def cosine_matrix(hists: list[np.ndarray]) -> np.ndarray:
+    """Pairwise cosine similarity of label histograms (0 against an all-zero histogram)."""
+    h = np.stack([np.asarray(x, dtype=float) for x in hists])
+    norms = np.linalg.norm(h, axis=1)
+    norms[norms == 0] = 1.0
+    unit = h / norms[:, None]
+    return unit @ unit.T
+
+
+def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per (trial, round): mean-over-clients acc and personal fraction, and the cumulative
+    communication `mb_cum` (sum over clients of bytes up + down, in 10^6 bytes, summed over rounds)."""
+    rounds = rounds.drop_duplicates(["config_hash", "round", "client"])
+    per_round = (rounds.assign(bytes=rounds["bytes_up"] + rounds["bytes_down"])
+                 .groupby(["config_hash", "round"], as_index=False)
+                 .agg(acc=("acc", "mean"), personal_fraction=("personal_fraction", "mean"), bytes=("bytes", "sum"))
+                 .sort_values(["config_hash", "round"]))
+    per_round["mb_cum"] = per_round.groupby("config_hash")["bytes"].cumsum() / 1e6
+    return per_round.drop(columns="bytes")
+
+
+def _trial_table(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial with its labels and a key shared by the seeds of one configuration."""
+    trials = rounds.drop_duplicates("config_hash").copy()
+    config_cols = [c for c in rounds.columns if c not in NON_CONFIG]
+    trials["method"] = trials.apply(method_label, axis=1)
+    trials["setting"] = trials.apply(setting_label, axis=1)
+    trials["config_key"] = trials[config_cols].astype(object).map(str).agg("|".join, axis=1)
+    return trials[["config_hash", "seed", "method", "setting", "config_key"]]
+
+
+def method_curves(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, method, round): mean and std over seeds of the trial curves, for the
+    configuration of each method with the best final accuracy in that setting."""
+    curves = trial_curves(rounds).merge(_trial_table(rounds), on="config_hash")
+    last = curves[curves["round"] == curves.groupby("config_hash")["round"].transform("max")]
+    final = last.groupby(["setting", "method", "config_key"], as_index=False)["acc"].mean()
+    best = final.loc[final.groupby(["setting", "method"])["acc"].idxmax(), "config_key"]
+    curves = curves[curves["config_key"].isin(set(best))]
+    stats = curves.groupby(["setting", "method", "round"])[["acc", "personal_fraction", "mb_cum"]].agg(["mean", "std"])
+    stats.columns = [f"{metric}_{stat}" for metric, stat in stats.columns]
+    return stats.fillna({c: 0.0 for c in stats.columns if c.endswith("_std")}).reset_index()
+
+
+# ---------------------------------------------------------------- figures
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    for path in paths:
+        fig.savefig(path, dpi=150 if path.suffix == ".png" else None, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _colors(methods) -> dict[str, str]:
+    """One color per method, the same in every panel."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(set(methods)))}
+
+
+def _band(ax, x, mean, std, label, color):
+    ax.plot(x, mean, marker="o", markersize=3, label=label, color=color)
+    ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2)
+
+
+def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
+    settings = sorted(stats["setting"].unique())
+    colors = _colors(stats["method"])
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
+    for ax, setting in zip(axes[0], settings):
+        for method, group in stats[stats["setting"] == setting].groupby("method"):
+            _band(ax, group["round"], group["acc_mean"], group["acc_std"], method, colors[method])
+        ax.set(title=setting, xlabel="round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("accuracy (mean over clients)")
+    fig.suptitle("Accuracy vs round (mean ± std over seeds)")
+    fig.tight_layout()
+    return _save(fig, out, "accuracy_vs_round")
+
+
+def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
+    settings = sorted(stats["setting"].unique())
+    colors = _colors(stats["method"])
+    fig, axes = plt.subplots(2, len(settings), figsize=(4.5 * len(settings), 6.5), squeeze=False, sharex="col")
+    for col, setting in enumerate(settings):
+        for method, group in stats[stats["setting"] == setting].groupby("method"):
+            _band(axes[0][col], group["round"], group["personal_fraction_mean"], group["personal_fraction_std"], method,
+                  colors[method])
+            _band(axes[1][col], group["round"], group["mb_cum_mean"], group["mb_cum_std"], method, colors[method])
+        axes[0][col].set_title(setting)
+        axes[1][col].set_xlabel("round")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[0][col].legend(fontsize=7)
+    axes[0][0].set_ylabel("personal fraction")
+    axes[1][0].set_ylabel("cumulative communication (MB)")
+    fig.suptitle("Personal fraction and cumulative communication (all clients, up + down) vs round")
+    fig.tight_layout()
+    return _save(fig, out, "personal_fraction_communication")
+
+
+def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
+    """The FedSelect (GradSelect) trial with masks and the best final accuracy; else the first with masks."""
+    have = set(masks["config_hash"])
+    if trials.empty or "acc_mean" not in trials:
+        return min(have)
+    candidates = trials[trials["config_hash"].isin(have) & trials["acc_mean"].notna()]
+    main = candidates[(candidates["algorithm"] == "fedselect")
+                      & candidates["fedselect_variant"].fillna("gradselect").eq("gradselect")]
+    candidates = main if not main.empty else candidates
+    if candidates.empty:
+        return min(have)
+    return candidates.sort_values("acc_mean", ascending=False)["config_hash"].iloc[0]
+
+
+def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFrame, out: Path) -> list[Path]:
+    trial = _pick_mask_trial(masks, trials)
+    rows = masks[masks["config_hash"] == trial].drop_duplicates(["client", "tensor"]).sort_values("client")
+    tensors = list(dict.fromkeys(rows["tensor"]))
+    weights = [t for t in tensors if t.endswith("weight")]
+    tensors = weights or tensors  # one panel per layer; biases are tiny and left out when weights exist
+    ids = sorted(rows["client"].unique())
+
+    hists = clients[clients["config_hash"] == trial].drop_duplicates("client").set_index("client")
+    panels = len(tensors) + (1 if not hists.empty else 0)
+    ncols = min(panels, 4)
+    nrows = -(-panels // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.3 * nrows), squeeze=False)
+    axes = axes.ravel()
+    for ax, tensor in zip(axes, tensors):
+        by_client = rows[rows["tensor"] == tensor].set_index("client")["mask"]
+        _heatmap(ax, iou_matrix([by_client[c] for c in ids]), ids, f"mask IoU: {tensor}")
+    if not hists.empty:
+        similarity = cosine_matrix([hists.loc[c, "train_label_hist"] for c in ids])
+        _heatmap(axes[len(tensors)], similarity, ids, "label similarity\n(cosine of train label histograms)")
+    for ax in axes[panels:]:
+        ax.axis("off")
+    info = trials[trials["config_hash"] == trial]
+    label = f"{method_label(info.iloc[0])}, {setting_label(info.iloc[0])}, seed {info.iloc[0]['seed']}" \
+        if not info.empty else trial
+    fig.suptitle(f"Final-round client × client mask IoU per layer — {label} (trial {trial})")
+    fig.tight_layout()
+    return _save(fig, out, "mask_iou")
+
+
+def _heatmap(ax, matrix: np.ndarray, ids, title: str):
+    image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
+    ax.set_xticks(range(len(ids)), ids)
+    ax.set_yticks(range(len(ids)), ids)
+    ax.set(title=title, xlabel="client", ylabel="client")
+    ax.title.set_fontsize(8)
+    if len(ids) <= 10:
+        for i in range(len(ids)):
+            for j in range(len(ids)):
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if matrix[i, j] < 0.6 else "black")
+    plt.colorbar(image, ax=ax, fraction=0.046)
+
+
+def plot_knobs(fedselect: pd.DataFrame, knobs: list[str], out: Path) -> list[Path]:
+    fig, axes = plt.subplots(1, len(knobs), figsize=(4 * len(knobs), 3.5), squeeze=False, sharey=True)
+    for ax, knob in zip(axes[0], knobs):
+        # dir_alpha only means something for Dirichlet splits, and is part of their setting label.
+        trials, group_cols = (_dirichlet(fedselect), ["dataset"]) if knob == "dir_alpha" else (fedselect, ["setting"])
+        for name, group in trials.groupby(group_cols):
+            stats = group.groupby(knob)["acc_mean"].agg(["mean", "std"]).fillna(0.0).reset_index()
+            ax.errorbar(stats[knob], stats["mean"], yerr=stats["std"], marker="o", capsize=3,
+                        label=", ".join(map(str, name)))
+        ax.set(xlabel=knob, title=f"final accuracy vs {knob}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("final accuracy (mean over clients)")
+    fig.suptitle("FedSelect: final accuracy vs swept knobs (mean ± std over seeds and other knobs)")
+    fig.tight_layout()
+    return _save(fig, out, "final_acc_vs_knobs")
+
+
+def _dirichlet(trials: pd.DataFrame) -> pd.DataFrame:
+    return trials[trials["partition"] == "dirichlet"]
+
+
+def _varies(trials: pd.DataFrame, knob: str) -> bool:
+    trials = _dirichlet(trials) if knob == "dir_alpha" else trials
+    return knob in trials and trials[knob].nunique() > 1
+
+
+def build_plots(paths, out: str | Path | None = None) -> list[Path]:
+    """Write every figure the results support under `out` (default: `<first path>/figures`)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    out = Path(out) if out is not None else Path(paths[0]) / "figures"
+    sweeps = find_sweeps(paths)
+    rounds, trials = load_rounds(sweeps), load_trials(sweeps)
+    written: list[Path] = []
+
+    if rounds.empty:
+        print("skipping round figures: no per-round results")
+    else:
+        stats = method_curves(rounds)
+        written += plot_accuracy(stats, out)
+        written += plot_personal_communication(stats, out)
+
+    masks = load_masks(sweeps)
+    if masks.empty:
+        print("skipping mask IoU heatmap: no masks in these results")
+    else:
+        written += plot_mask_iou(masks, load_clients(sweeps), trials, out)
+
+    fedselect = pd.DataFrame()
+    if not trials.empty and "acc_mean" in trials:
+        fedselect = trials[(trials["algorithm"] == "fedselect") & trials["acc_mean"].notna()
+                           & trials["fedselect_variant"].fillna("gradselect").eq("gradselect")].copy()
+    knobs = [k for k in KNOBS if _varies(fedselect, k)]
+    if not knobs:
+        print("skipping final accuracy vs knobs: no FedSelect knob varies")
+    else:
+        fedselect["setting"] = fedselect.apply(setting_label, axis=1)
+        written += plot_knobs(fedselect, knobs, out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m analysis.plots", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="sweep folders or folders of sweeps")
+    parser.add_argument("--out", help="output folder (default: the first RESULTS path's figures/)")
+    args = parser.parse_args(argv)
+    for path in build_plots(args.results, args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

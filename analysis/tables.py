@@ -1,0 +1,365 @@
+"""The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
+
+    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid}] [--out DIR]
+
+Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
+  methods   rows = methods (FedSelect ablations are separate rows), columns = data settings
+  limit     FedSelect (gradselect) by personalization limit α, at the most common p and epochs
+  ablation  FedSelect variants × data settings
+  grid      for each (data setting, local epochs): FedSelect p × α
+The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
+"--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
+number of seeds the caption says how many; otherwise cells that differ from the usual count are
+marked "(n=k)" and the caption explains the mark.
+
+Only COMPLETED trials count (INCOMPLETE ones too: load_trials gives that status to sweeps that have
+not written trials.parquet yet).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .load import METHOD_NAMES, load_trials, method_label, setting_label
+
+TABLES = ("methods", "limit", "ablation", "grid")
+COUNTED = ("COMPLETED", "INCOMPLETE")
+MISSING = "--"
+
+
+class TableError(ValueError):
+    """The results cannot make the table asked for."""
+
+
+@dataclass
+class Table:
+    """A table's numbers: `mean`, `std` and `n` (seeds) share one index and columns."""
+    name: str
+    mean: pd.DataFrame
+    std: pd.DataFrame
+    n: pd.DataFrame
+    caption: str = ""
+    best: str = "column"  # "column": bold the best of each column; "table": the best cell overall
+    row_title: str = ""   # the header of the row labels
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def usual_n(self) -> int:
+        """The most common number of seeds behind a cell (0 when the table is empty)."""
+        counts = self.n.stack()
+        counts = counts[counts > 0]
+        return int(counts.mode().min()) if len(counts) else 0
+
+    def seeds_uniform(self) -> bool:
+        counts = self.n.stack()
+        return counts[counts > 0].nunique() <= 1
+
+    def cells(self, pm: str = "±") -> pd.DataFrame:
+        """The cell texts ("mean ± std", marked "(n=k)" when k differs from the usual count); None
+        where there is no result."""
+        usual = self.usual_n
+        text = pd.DataFrame(None, index=self.mean.index, columns=self.mean.columns, dtype=object)
+        for row in self.mean.index:
+            for col in self.mean.columns:
+                text.loc[row, col] = format_cell(self.mean.loc[row, col], self.std.loc[row, col],
+                                                 int(self.n.loc[row, col]), usual, pm)
+        text.index.name, text.columns.name = None, self.row_title
+        return text
+
+    def best_mask(self) -> pd.DataFrame:
+        """True where a cell holds the best mean (of its column, or of the table) as printed, to
+        0.1%: cells that print the same best value are all bold."""
+        shown = (100 * self.mean).round(1)
+        if self.best == "table":
+            return shown.eq(shown.max().max()) & shown.notna()
+        return shown.eq(shown.max(axis=0), axis=1) & shown.notna()
+
+    def full_caption(self) -> str:
+        seeds = self.usual_n
+        if self.seeds_uniform():
+            count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
+        else:
+            count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell unless marked (n=k)"
+        legend = f"Final personalized accuracy (%), mean ± std over seeds ({count}); best in bold; -- = no result."
+        return " ".join(part for part in (self.caption, legend, *self.notes) if part)
+
+
+def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±") -> str | None:
+    if n == 0 or pd.isna(mean):
+        return None
+    text = f"{100 * mean:.1f}"
+    if n > 1 and not pd.isna(std):
+        text += f" {pm} {100 * std:.1f}"
+    if n != usual_n:
+        text += f" (n={n})"
+    return text
+
+
+# ----------------------------------------------------------------------------- selecting trials
+
+def counted(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials that count (COMPLETED, or INCOMPLETE from a sweep still running), labelled with
+    `method` and `setting`."""
+    if trials.empty or "status" not in trials:
+        raise TableError("no trials in the results")
+    keep = trials[trials["status"].isin(COUNTED) & trials["acc_mean"].notna()].copy()
+    if "config_hash" in keep:  # the same run found in two sweeps counts once
+        keep = keep.drop_duplicates("config_hash", keep="last")
+    if keep.empty:
+        raise TableError("no completed trials in the results")
+    keep["method"] = keep.apply(method_label, axis=1)
+    keep["setting"] = keep.apply(setting_label, axis=1)
+    return keep.reset_index(drop=True)
+
+
+def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
+    return trials if {"method", "setting"} <= set(trials.columns) else counted(trials)
+
+
+def _is_gradselect(trials: pd.DataFrame) -> pd.Series:
+    variant = trials.get("fedselect_variant", pd.Series("gradselect", index=trials.index))
+    return (trials["algorithm"] == "fedselect") & (variant.isna() | (variant == "gradselect"))
+
+
+def _most_common(trials: pd.DataFrame, knobs: list[str]) -> tuple:
+    """The most common combination of `knobs` (ties: the smallest)."""
+    counts = trials.groupby(knobs, dropna=False).size()
+    best = counts[counts == counts.max()].index.sort_values()[0]
+    return tuple(best) if len(knobs) > 1 else (best,)
+
+
+def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
+    match = np.ones(len(trials), dtype=bool)
+    for knob, value in zip(knobs, values):
+        match &= (trials[knob] == value).to_numpy()
+    return trials[match]
+
+
+def _knob_text(knobs: list[str], values: tuple) -> str:
+    names = {"pers_rate": "p", "pers_limit": "α", "local_epochs": "local epochs"}
+    return ", ".join(f"{names.get(k, k)} = {v:g}" for k, v in zip(knobs, values))
+
+
+# ----------------------------------------------------------------------------- the numbers
+
+def _settings_order(trials: pd.DataFrame) -> list[str]:
+    """Per dataset: shards (fewest first), then Dirichlet (most skewed first), then the rest."""
+    keys = trials[["setting", "dataset", "partition", "shards_per_client", "dir_alpha"]].copy()
+    keys["rank"] = keys["partition"].map({"shards": 0, "dirichlet": 1}).fillna(2)
+    keys = keys.sort_values(["dataset", "rank", "partition", "shards_per_client", "dir_alpha"])
+    return list(dict.fromkeys(keys["setting"]))
+
+
+def _methods_order(labels) -> list[str]:
+    rank = {name: i for i, name in enumerate(METHOD_NAMES.values())}
+    return sorted(set(labels), key=lambda label: (rank.get(label.split(" (")[0], len(rank)), label))
+
+
+def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
+              **extra) -> Table:
+    """mean/std/n of `acc_mean` over seeds for each (rows, cols) cell; absent cells get n = 0."""
+    stats = trials.groupby([rows, cols])["acc_mean"].agg(["mean", "std", "count"])
+    row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())
+    col_order = list(col_order) if col_order is not None else sorted(trials[cols].unique())
+
+    def wide(column):
+        return stats[column].unstack(cols).reindex(index=row_order, columns=col_order)
+
+    n = wide("count").fillna(0).astype(int)
+    return Table(name, wide("mean"), wide("std"), n, **extra)
+
+
+def methods_table(trials: pd.DataFrame) -> Table:
+    """Table 1: methods × data settings. FedSelect (gradselect) rows are taken at its most common
+    (p, α) and every method at the most common local epochs, so that no cell mixes configurations."""
+    trials = _labelled(trials)
+    epochs = _most_common(trials, ["local_epochs"])
+    trials = _at(trials, ["local_epochs"], epochs)
+    notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
+    fedselect = _is_gradselect(trials)
+    if fedselect.any():
+        knobs = ["pers_rate", "pers_limit"]
+        values = _most_common(trials[fedselect], knobs)
+        trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
+        notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
+    table = summarize(trials, "method", "setting", "methods", _methods_order(trials["method"]),
+                      _settings_order(trials), caption="Methods by data setting.")
+    table.row_title = "Method"
+    table.notes = [n for n in notes if n]
+    return table
+
+
+def limit_table(trials: pd.DataFrame) -> Table:
+    """Table 2: FedSelect (gradselect) by personalization limit α × data settings, at the most
+    common (p, local epochs)."""
+    trials = _labelled(trials)
+    fedselect = trials[_is_gradselect(trials)]
+    if fedselect.empty:
+        raise TableError("limit table: no FedSelect trials")
+    knobs = ["pers_rate", "local_epochs"]
+    values = _most_common(fedselect, knobs)
+    chosen = _at(fedselect, knobs, values)
+    table = summarize(chosen, "pers_limit", "setting", "limit", sorted(chosen["pers_limit"].unique()),
+                      _settings_order(chosen), caption=f"FedSelect by personalization limit α "
+                                                       f"({_knob_text(knobs, values)}).")
+    table.row_title = "α"
+    for frame in (table.mean, table.std, table.n):
+        frame.index = [f"{a:g}" for a in frame.index]
+    return table
+
+
+def ablation_table(trials: pd.DataFrame) -> Table:
+    """Table 3: FedSelect variants × data settings, at the most common (p, α, local epochs)."""
+    trials = _labelled(trials)
+    fedselect = trials[trials["algorithm"] == "fedselect"]
+    if fedselect.empty:
+        raise TableError("ablation table: no FedSelect trials")
+    knobs = ["pers_rate", "pers_limit", "local_epochs"]
+    values = _most_common(fedselect, knobs)
+    chosen = _at(fedselect, knobs, values)
+    table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen["method"]),
+                      _settings_order(chosen), caption=f"FedSelect ablations ({_knob_text(knobs, values)}).")
+    table.row_title = "Variant"
+    return table
+
+
+def grid_tables(trials: pd.DataFrame) -> dict[str, Table]:
+    """For each (data setting, local epochs): FedSelect (gradselect) p (rows) × α (columns)."""
+    trials = _labelled(trials)
+    fedselect = trials[_is_gradselect(trials)].copy()
+    if fedselect.empty:
+        raise TableError("grid table: no FedSelect trials")
+    fedselect["p"] = fedselect["pers_rate"].map(lambda v: f"{v:g}")
+    fedselect["α"] = fedselect["pers_limit"].map(lambda v: f"α = {v:g}")
+    tables = {}
+    for setting in _settings_order(fedselect):
+        for epochs in sorted(fedselect["local_epochs"].unique()):
+            part = fedselect[(fedselect["setting"] == setting) & (fedselect["local_epochs"] == epochs)]
+            if part.empty:
+                continue
+            rows = [f"{v:g}" for v in sorted(part["pers_rate"].unique())]
+            cols = [f"α = {v:g}" for v in sorted(part["pers_limit"].unique())]
+            name = f"grid_{_slug(setting)}_e{epochs:g}"
+            table = summarize(part, "p", "α", name, rows, cols, best="table",
+                              caption=f"FedSelect by personalization rate p (rows) and limit α "
+                                      f"({setting}, local epochs = {epochs:g}).")
+            table.row_title = "p"
+            tables[name] = table
+    return tables
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def to_latex(table: Table) -> str:
+    """The table as LaTeX: booktabs rules, the best cells in \\textbf, missing cells "--"."""
+    cells = table.cells(pm=r"$\pm$")
+    best = table.best_mask()
+    cells.columns.name = _latex_text(table.row_title)
+    styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
+        .format_index(_latex_text, axis=1)
+    styler = styler.apply(lambda _: np.where(best.to_numpy(), "font-weight: bold;", ""), axis=None)
+    caption = _latex_text(table.full_caption())
+    return styler.to_latex(hrules=True, convert_css=True, caption=caption, label=f"tab:{table.name}",
+                           position_float="centering", column_format="l" + "c" * len(cells.columns))
+
+
+def _latex_text(text: str) -> str:
+    """Plain caption text made LaTeX-safe (± and α become math)."""
+    text = str(text)
+    for char in "%_&#{}$":
+        text = text.replace(char, "\\" + char)
+    return text.replace("±", r"$\pm$").replace("α", r"$\alpha$")
+
+
+def preview(table: Table) -> str:
+    """A plain-text rendering (best cells starred)."""
+    cells = table.cells().fillna(MISSING)
+    cells = cells.where(~table.best_mask(), cells + " *")
+    return f"[{table.name}] {table.full_caption()}  (* = best)\n{cells.to_string()}"
+
+
+# ----------------------------------------------------------------------------- building
+
+def supported(trials: pd.DataFrame) -> list[str]:
+    """The tables the results support."""
+    trials = _labelled(trials)
+    gradselect = trials[_is_gradselect(trials)]
+    variants = trials.loc[trials["algorithm"] == "fedselect", "method"].nunique()
+    found = []
+    if trials["algorithm"].nunique() > 1:
+        found.append("methods")
+    if gradselect["pers_limit"].nunique() > 1:
+        found.append("limit")
+    if variants > 1:
+        found.append("ablation")
+    if gradselect["pers_limit"].nunique() > 1 and gradselect["pers_rate"].nunique() > 1:
+        found.append("grid")
+    return found
+
+
+def make_tables(trials: pd.DataFrame, which: str = "auto") -> dict[str, Table]:
+    """The Tables named by `which` ("auto": every one the results support)."""
+    trials = counted(trials)
+    if which == "auto":
+        names = supported(trials) or ["methods"]
+    elif which in TABLES:
+        names = [which]
+    else:
+        raise TableError(f"unknown table {which!r}; choose from auto, {', '.join(TABLES)}")
+    builders: dict[str, Callable] = {"methods": methods_table, "limit": limit_table, "ablation": ablation_table}
+    tables: dict[str, Table] = {}
+    for name in names:
+        if name == "grid":
+            tables.update(grid_tables(trials))
+        else:
+            tables[name] = builders[name](trials)
+    return tables
+
+
+def build_tables(paths, which: str = "auto", out=None, echo: bool = False) -> dict[str, Path]:
+    """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
+    path's `tables/`); returns name -> file. With `echo`, prints each preview and file."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    tables = make_tables(load_trials(paths), which)
+    out = Path(out) if out is not None else Path(paths[0]) / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, table in tables.items():
+        path = out / f"{name}.tex"
+        path.write_text(to_latex(table))
+        written[name] = path
+        if echo:
+            print(preview(table), end="\n\n")
+    if echo:
+        for path in written.values():
+            print(f"wrote {path}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.tables", description=__doc__.split("\n")[0])
+    parser.add_argument("results", nargs="+", help="sweep folders or folders of sweeps")
+    parser.add_argument("--table", default="auto", choices=("auto", *TABLES))
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS[0]/tables)")
+    args = parser.parse_args(argv)
+    try:
+        build_tables(args.results, args.table, args.out, echo=True)
+    except (FileNotFoundError, TableError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""analysis.plots on the results of a real (tiny) FedSelect grid sweep run in-process on Ray."""
+from __future__ import annotations
+
+import shutil
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from analysis.load import load_rounds
+from analysis.plots import build_plots, iou_matrix, main, trial_curves
+
+pytestmark = pytest.mark.slow
+
+FIGURES = ["accuracy_vs_round", "personal_fraction_communication", "mask_iou", "final_acc_vs_knobs"]
+
+
+@pytest.fixture(scope="module")
+def grid_results(ray_cluster, tmp_path_factory):
+    from sweeps import fedselect_grid
+    from sweeps.study import run_study
+
+    tmp = tmp_path_factory.mktemp("plots_results")
+    run_study(fedselect_grid.STUDY, ["--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3",
+                                     "--batch-size", "16", "--rounds", "3", "--pers-rate", "0.25", "0.5",
+                                     "--pers-limit", "0.8", "--dir-alpha", "0.5", "--local-epochs", "1",
+                                     "--seeds", "0", "--results", str(tmp), "--name", "grid", "--verbose", "0"])
+    return tmp
+
+
+def test_iou_matrix_by_hand():
+    a = np.array([True, True, False, False])
+    b = np.array([True, False, True, False])
+    # intersection {0}, union {0, 1, 2}
+    expected = np.array([[1.0, 1 / 3], [1 / 3, 1.0]])
+    np.testing.assert_allclose(iou_matrix([a, b]), expected)
+
+
+def test_iou_matrix_empty_masks_are_identical():
+    empty = np.zeros(5, dtype=bool)
+    full = np.ones(5, dtype=bool)
+    np.testing.assert_allclose(iou_matrix([empty, empty, full]),
+                               [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+
+
+def test_iou_matrix_symmetric_with_unit_diagonal():
+    rng = np.random.default_rng(0)
+    masks = [rng.random(50) < p for p in (0.1, 0.5, 0.9, 0.0)]
+    matrix = iou_matrix(masks)
+    np.testing.assert_allclose(matrix, matrix.T)
+    np.testing.assert_allclose(np.diag(matrix), 1.0)
+    assert ((matrix >= 0) & (matrix <= 1)).all()
+
+
+def _check_written(paths, out, names):
+    assert {p.name for p in paths} == {f"{n}.{ext}" for n in names for ext in ("png", "pdf")}
+    for path in paths:
+        assert path.parent == out and path.stat().st_size > 0
+        if path.suffix == ".png":
+            image = matplotlib.image.imread(path)
+            assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+            assert image[..., :3].std() > 0.01  # not a blank canvas
+        else:
+            assert path.read_bytes().startswith(b"%PDF")
+
+
+def test_build_plots_writes_every_figure(grid_results, tmp_path):
+    out = tmp_path / "figures"
+    paths = build_plots([grid_results], out)
+    _check_written(paths, out, FIGURES)
+
+
+def test_cli_default_out_is_first_path_figures(grid_results, capsys):
+    main([str(grid_results)])
+    printed = capsys.readouterr().out.split()
+    assert f"{grid_results / 'figures' / 'mask_iou.png'}" in printed
+    assert (grid_results / "figures" / "accuracy_vs_round.pdf").stat().st_size > 0
+
+
+def test_cumulative_communication_matches_pandas(grid_results):
+    rounds = load_rounds([grid_results])
+    curves = trial_curves(rounds)
+    last = curves[curves["round"] == curves.groupby("config_hash")["round"].transform("max")].set_index("config_hash")
+    expected = (rounds["bytes_up"] + rounds["bytes_down"]).groupby(rounds["config_hash"]).sum() / 1e6
+    assert len(expected) >= 2 and (expected > 0).any()
+    np.testing.assert_allclose(last["mb_cum"].sort_index(), expected.sort_index())
+    assert (last["round"] == 3).all()
+
+
+def test_missing_masks_skip_heatmap(grid_results, tmp_path, capsys):
+    copy = tmp_path / "grid"
+    shutil.copytree(grid_results / "grid", copy, ignore=shutil.ignore_patterns("masks", "figures"))
+    out = tmp_path / "figures"
+    paths = build_plots([copy], out)
+    assert "skipping mask IoU heatmap" in capsys.readouterr().out
+    _check_written(paths, out, [f for f in FIGURES if f != "mask_iou"])

@@ -1,0 +1,211 @@
+"""analysis.tables: the paper's LaTeX tables from sweep results.
+
+The first tests use hand-made trial frames (no Ray); the rest read a real small baselines sweep.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis import tables
+from analysis.load import load_trials, method_label, setting_label
+
+pytestmark = pytest.mark.slow
+
+
+def trial(algorithm="fedselect", seed=0, acc=0.5, partition="shards", dataset="synthetic", shards=3, alpha=0.3,
+          pers_rate=0.25, pers_limit=0.8, epochs=1, variant="gradselect", block=None, status="COMPLETED"):
+    return {"algorithm": algorithm, "dataset": dataset, "partition": partition, "shards_per_client": shards,
+            "dir_alpha": alpha, "local_epochs": epochs, "pers_rate": pers_rate, "pers_limit": pers_limit,
+            "fedselect_variant": variant, "layer_block": block, "seed": seed, "status": status, "acc_mean": acc}
+
+
+def body_rows(latex: str) -> dict[str, list[str]]:
+    """The rows between \\midrule and \\bottomrule: label -> cell texts."""
+    body = latex.split("\\midrule")[1].split("\\bottomrule")[0]
+    rows = {}
+    for line in body.strip().splitlines():
+        label, *cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
+        rows[label] = cells
+    return rows
+
+
+def header(latex: str) -> list[str]:
+    line = latex.split("\\toprule")[1].split("\\midrule")[0].strip()
+    return [c.strip() for c in line.removesuffix("\\\\").split(" & ")]
+
+
+# ----------------------------------------------------------------------------- hand-made frames
+
+@pytest.fixture
+def handmade() -> pd.DataFrame:
+    rows = [trial("fedselect", s, a) for s, a in enumerate([0.80, 0.70, 0.75])]
+    rows += [trial("fedselect", s, a, partition="dirichlet") for s, a in enumerate([0.60, 0.62, 0.64])]
+    rows += [trial("fedavg", s, a) for s, a in enumerate([0.30, 0.40, 0.35])]
+    rows += [trial("fedavg", s, a, partition="dirichlet") for s, a in enumerate([0.66, 0.70])]  # 2 seeds only
+    rows += [trial("local", s, a) for s, a in enumerate([0.50, 0.55, 0.45])]                   # no dirichlet
+    rows += [trial("local", 3, 0.99, status="ERROR"), trial("fedavg", 4, 0.99, status="TERMINATED")]
+    return pd.DataFrame(rows)
+
+
+def test_format_cell():
+    assert tables.format_cell(0.8123, 0.0456, 3, 3) == "81.2 ± 4.6"
+    assert tables.format_cell(0.8123, float("nan"), 1, 1) == "81.2"          # one seed: just the mean
+    assert tables.format_cell(0.8123, 0.01, 2, 3, pm="$\\pm$") == "81.2 $\\pm$ 1.0 (n=2)"
+    assert tables.format_cell(float("nan"), float("nan"), 0, 3) is None
+
+
+def test_methods_table_numbers_missing_cell_and_counts(handmade):
+    table = tables.methods_table(handmade)
+    assert list(table.mean.index) == ["FedSelect", "FedAvg", "Local"]
+    assert list(table.mean.columns) == ["synthetic, 3 shards", "synthetic, Dir(0.3)"]
+    # only COMPLETED trials count: the ERROR/TERMINATED 0.99s are left out
+    assert table.n.loc["Local", "synthetic, 3 shards"] == 3
+    assert table.n.loc["Local", "synthetic, Dir(0.3)"] == 0
+    assert table.mean.loc["FedAvg", "synthetic, Dir(0.3)"] == pytest.approx(0.68)
+    assert table.std.loc["FedSelect", "synthetic, 3 shards"] == pytest.approx(pd.Series([.8, .7, .75]).std())
+
+    cells = table.cells()
+    assert cells.loc["FedSelect", "synthetic, 3 shards"] == "75.0 ± 5.0"
+    assert cells.loc["FedAvg", "synthetic, Dir(0.3)"] == "68.0 ± 2.8 (n=2)"   # differs from the usual 3
+    assert cells.loc["Local", "synthetic, Dir(0.3)"] is None
+
+    latex = tables.to_latex(table)
+    rows = body_rows(latex)
+    assert rows["Local"][1] == "--"                                          # missing, not 0
+    assert "0.0" not in rows["Local"][1]
+    assert rows["FedAvg"][1] == "\\bfseries 68.0 $\\pm$ 2.8 (n=2)"           # best of its column
+    assert rows["FedSelect"][0].startswith("\\bfseries 75.0")
+    assert "unless marked (n=k)" in latex
+    assert "Local" in tables.preview(table) and "--" in tables.preview(table)
+
+
+def test_uniform_seed_counts_go_in_the_caption(handmade):
+    table = tables.methods_table(handmade[handmade["partition"] == "shards"])
+    assert "3 seeds per cell)" in table.full_caption()
+    assert "(n=" not in tables.to_latex(table).split("\\midrule")[1]
+
+
+def test_ties_are_all_bold_and_nan_is_never_best():
+    frame = pd.DataFrame([trial("fedselect", 0, 0.5), trial("fedavg", 0, 0.50004), trial("local", 0, 0.2),
+                          trial("local", 0, 0.9, partition="dirichlet")])
+    best = tables.methods_table(frame).best_mask()
+    assert best["synthetic, 3 shards"].tolist() == [True, True, False]
+    assert best["synthetic, Dir(0.3)"].tolist() == [False, False, True]
+
+
+def test_limit_table_uses_the_most_common_p_and_epochs():
+    rows = [trial(pers_rate=0.25, pers_limit=a, seed=s, acc=a / 2) for a in (0.2, 0.5, 0.8) for s in (0, 1)]
+    rows += [trial(pers_rate=0.5, pers_limit=0.5, seed=0, acc=0.99)]                 # a rarer p: left out
+    rows += [trial(variant="random", pers_limit=0.5, seed=0, acc=0.98)]             # not gradselect
+    rows += [trial("fedavg", acc=0.97)]
+    table = tables.limit_table(pd.DataFrame(rows))
+    assert list(table.mean.index) == ["0.2", "0.5", "0.8"]
+    assert table.mean["synthetic, 3 shards"].tolist() == pytest.approx([0.1, 0.25, 0.4])
+    assert "p = 0.25" in table.caption and "local epochs = 1" in table.caption
+    assert "$\\alpha$ &" in tables.to_latex(table)
+
+
+def test_ablation_and_grid_tables():
+    rows = [trial(variant=v, block=b, seed=s, acc=0.1 * i + 0.01 * s)
+            for i, (v, b) in enumerate([("gradselect", None), ("layer", "A"), ("random", None)]) for s in (0, 1)]
+    rows += [trial(pers_rate=p, pers_limit=a, seed=0, acc=p * a) for p in (0.1, 0.5) for a in (0.3, 0.9)]
+    frame = pd.DataFrame(rows)
+    ablation = tables.ablation_table(frame)
+    assert list(ablation.mean.index) == ["FedSelect", "FedSelect (layer A)", "FedSelect (random)"]
+    grids = tables.grid_tables(frame)
+    assert list(grids) == ["grid_synthetic_3_shards_e1"]
+    grid = grids["grid_synthetic_3_shards_e1"]
+    assert list(grid.mean.index) == ["0.1", "0.25", "0.5"]
+    assert list(grid.mean.columns) == ["α = 0.3", "α = 0.8", "α = 0.9"]
+    assert grid.n.loc["0.1", "α = 0.8"] == 0
+    assert grid.best_mask().to_numpy().sum() == 1 and grid.best_mask().loc["0.5", "α = 0.9"]
+
+
+def test_auto_selection(handmade):
+    assert tables.supported(tables.counted(handmade)) == ["methods"]
+    grid = pd.DataFrame([trial(pers_rate=p, pers_limit=a) for p in (0.1, 0.5) for a in (0.3, 0.9)]
+                        + [trial(variant="random")])
+    assert tables.supported(tables.counted(grid)) == ["limit", "ablation", "grid"]
+    with pytest.raises(tables.TableError):
+        tables.make_tables(handmade, "nonsense")
+    with pytest.raises(tables.TableError):
+        tables.make_tables(handmade.assign(status="ERROR"))
+
+
+# ----------------------------------------------------------------------------- a real small sweep
+
+@pytest.fixture(scope="module")
+def results(ray_cluster, tmp_path_factory):
+    """A real baselines sweep: FedSelect, FedAvg and Local on 2 data settings, 2 seeds."""
+    from sweeps import baselines
+    from sweeps.study import run_study
+
+    tmp = tmp_path_factory.mktemp("tables")
+    code = run_study(baselines.STUDY, [
+        "--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
+        "--rounds", "2", "--partition", "shards", "dirichlet", "--dir-alpha", "0.3", "--local-epochs", "1",
+        "--algorithms", "fedselect", "fedavg", "local", "--seeds", "0", "1", "--results", str(tmp),
+        "--name", "base", "--verbose", "0"])
+    assert code == 0
+    return tmp / "base"
+
+
+def test_methods_table_from_a_real_sweep(results, tmp_path):
+    written = tables.build_tables([results], out=tmp_path)
+    assert list(written) == ["methods"]                      # one algorithm set, no α/p/variant spread
+    latex = written["methods"].read_text()
+    for rule in ("\\toprule", "\\midrule", "\\bottomrule"):
+        assert latex.count(rule) == 1
+
+    trials = load_trials(results)
+    trials = trials[trials["status"] == "COMPLETED"]
+    trials = trials.assign(method=trials.apply(method_label, axis=1), setting=trials.apply(setting_label, axis=1))
+    expected = trials.groupby(["method", "setting"])["acc_mean"].agg(["mean", "std", "count"])
+    settings = ["synthetic, 3 shards", "synthetic, Dir(0.3)"]                    # shards first
+
+    assert header(latex) == ["Method", *settings]
+    assert sorted(trials["setting"].unique()) == sorted(settings)
+    rows = body_rows(latex)
+    assert sorted(rows) == ["FedAvg", "FedSelect", "Local"]   # one row per method
+    assert "2 seeds per cell" in latex and (expected["count"] == 2).all()
+
+    for setting_index, setting in enumerate(settings):
+        column = expected.xs(setting, level="setting")
+        for method, cells in rows.items():
+            mean, std = column.loc[method, "mean"], column.loc[method, "std"]
+            text = f"{100 * mean:.1f} $\\pm$ {100 * std:.1f}"
+            cell = cells[setting_index]
+            assert cell.removeprefix("\\bfseries ") == text
+            is_best = round(100 * mean, 1) == round(100 * column["mean"].max(), 1)  # best as printed
+            assert cell.startswith("\\bfseries") == is_best, (method, setting, cell)
+
+
+def test_missing_setting_renders_as_missing(results):
+    trials = load_trials(results)
+    drop = (trials["algorithm"] == "local") & (trials["partition"] == "dirichlet")
+    latex = tables.to_latex(tables.methods_table(trials[~drop]))
+    settings = header(latex)[1:]
+    assert body_rows(latex)["Local"][settings.index("synthetic, Dir(0.3)")] == "--"
+
+
+def test_cli_table_choice_default_out_and_bad_path(results, tmp_path, capsys):
+    assert tables.main([str(results), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "FedSelect" in out and "±" in out and str(tmp_path / "t" / "methods.tex") in out
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["methods.tex"]
+
+    assert tables.main([str(results), "--table", "limit", "--out", str(tmp_path / "l")]) == 0
+    assert sorted(p.name for p in (tmp_path / "l").iterdir()) == ["limit.tex"]
+    assert tables.main([str(results), "--table", "grid", "--out", str(tmp_path / "g")]) == 0
+    assert len(list((tmp_path / "g").glob("grid_*.tex"))) == 2          # one per data setting
+
+    assert tables.main([str(results)]) == 0
+    assert (results / "tables" / "methods.tex").exists()
+
+    assert tables.main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "nowhere" in err
+    with pytest.raises(SystemExit) as exit_:
+        tables.main([str(results), "--table", "bogus"])
+    assert exit_.value.code == 2
