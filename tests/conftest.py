@@ -1,6 +1,7 @@
 """Shared fixtures: tiny runs on the synthetic source (8x8, 10 classes) so that tests take seconds."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,37 @@ def tiny(**overrides) -> RunConfig:
                 shards_per_client=3, rounds=3, batch_size=16, lr=0.05, pers_rate=0.3, pers_limit=0.6,
                 threads=1)
     return RunConfig(**(base | overrides))
+
+
+def metrics(results):
+    """Every number of every round except wall-clock seconds."""
+    return [[{k: v for k, v in dataclasses.asdict(c).items() if k != "seconds"} for c in r.clients] for r in results]
+
+
+def restore_mid_run(config: RunConfig, folder: Path, at: int = 2):
+    """Run `config` straight through, and again saving after `at` rounds and restoring into a fresh
+    Simulation. Asserts both give the same numbers and states; returns (straight, resumed, results)."""
+    from fl_core.simulation import Simulation
+
+    straight = Simulation(config)
+    expected = list(straight.run())
+    first = Simulation(config)
+    head = [first.run_round() for _ in range(at)]
+    first.save(folder / "state.pt")
+    del first
+    resumed = Simulation(config)
+    resumed.restore(folder / "state.pt")
+    assert resumed.completed == at
+    tail = list(resumed.run())
+    assert [r.round for r in tail] == list(range(at + 1, config.rounds + 1))
+    assert metrics(head + tail) == metrics(expected)
+    for a, b in zip(straight.clients, resumed.clients):
+        assert all(torch.equal(t, b.state[n]) for n, t in a.state.items())
+        assert (a.mask is None) == (b.mask is None)
+        if a.mask is not None:
+            assert all(torch.equal(m, b.mask[n]) for n, m in a.mask.items())
+        assert a.extra.keys() == b.extra.keys()
+    return straight, resumed, expected
 
 
 @pytest.fixture(autouse=True)

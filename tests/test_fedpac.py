@@ -12,8 +12,7 @@ from fl_core.algorithms.fedpac import (aggregate_prototypes, alignment_loss, cla
 from fl_core.simulation import Simulation
 from fl_core.training import derive_seed
 
-from conftest import tiny
-from test_simulation import metrics
+from conftest import restore_mid_run, tiny
 
 
 def fedpac(**overrides):
@@ -240,21 +239,7 @@ def test_server_combines_heads_and_averages_the_body():
 
 
 def test_restore_mid_run_continues_bit_identically(tmp_path):
-    config = tiny(algorithm="fedpac", rounds=5)
-    straight = Simulation(config)
-    expected = list(straight.run())
-
-    first = Simulation(config)
-    head = [first.run_round() for _ in range(2)]
-    first.save(tmp_path / "state.pt")
-    del first
-    resumed = Simulation(config)
-    resumed.restore(tmp_path / "state.pt")
-    assert resumed.completed == 2
-    tail = list(resumed.run())
-    assert metrics(head + tail) == metrics(expected)
-    for a, b in zip(straight.clients, resumed.clients):
-        assert all(torch.equal(t, b.state[n]) for n, t in a.state.items())
+    straight, resumed, _ = restore_mid_run(tiny(algorithm="fedpac", rounds=5), tmp_path)
     assert torch.equal(straight.algorithm.global_protos, resumed.algorithm.global_protos)
     assert torch.equal(straight.algorithm.alpha, resumed.algorithm.alpha)
 

@@ -1,18 +1,11 @@
 """The round loop: save/restore, per-method evaluation, communication, and learning on digits."""
-import dataclasses
-
 import pytest
 import torch
 
 from fl_core.config import ConfigError
 from fl_core.simulation import Simulation
 
-from conftest import tiny
-
-
-def metrics(results):
-    """Every number of every round except wall-clock seconds."""
-    return [[{k: v for k, v in dataclasses.asdict(c).items() if k != "seconds"} for c in r.clients] for r in results]
+from conftest import metrics, restore_mid_run, tiny
 
 
 @pytest.mark.parametrize("overrides", [
@@ -21,25 +14,7 @@ def metrics(results):
     {"algorithm": "fedavg_ft"},
 ])
 def test_restore_mid_run_continues_bit_identically(tmp_path, overrides):
-    config = tiny(rounds=5, **overrides)
-    straight = Simulation(config)
-    expected = list(straight.run())
-
-    first = Simulation(config)
-    head = [first.run_round() for _ in range(2)]
-    first.save(tmp_path / "state.pt")
-    del first
-    resumed = Simulation(config)
-    resumed.restore(tmp_path / "state.pt")
-    assert resumed.completed == 2
-    tail = list(resumed.run())
-    assert [r.round for r in tail] == [3, 4, 5]
-    assert metrics(head + tail) == metrics(expected)
-    for a, b in zip(straight.clients, resumed.clients):
-        assert all(torch.equal(t, b.state[n]) for n, t in a.state.items())
-        assert (a.mask is None) == (b.mask is None)
-        if a.mask is not None:
-            assert all(torch.equal(m, b.mask[n]) for n, m in a.mask.items())
+    restore_mid_run(tiny(rounds=5, **overrides), tmp_path)
 
 
 def test_restore_refuses_a_state_from_another_config(tmp_path):

@@ -105,8 +105,9 @@ class Algorithm:
         return self.communicates
 
     def contribution(self, client: ClientState) -> Mask | None:
-        """Bool masks of the entries this client sends (None: all of them)."""
-        return None
+        """Bool masks of the entries this client sends (None: all of them). A client's mask marks
+        the entries that never leave it (FedSelect: personal; LotteryFL: pruned)."""
+        return None if client.mask is None else {n: ~m for n, m in client.mask.items()}
 
     def aggregation_weights(self, data: list[ClientData]) -> list[float]:
         if self.config.weighting == "samples":

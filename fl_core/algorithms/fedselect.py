@@ -29,7 +29,7 @@ import torch
 
 from ..config import ConfigError
 from ..data import ClientData
-from ..masks import Mask, grow_count, personal_fraction, select_largest
+from ..masks import grow_count, personal_fraction, select_largest
 from ..models import block_of
 from ..training import State, derive_seed
 from .base import Algorithm, ClientState, LocalStats
@@ -114,9 +114,6 @@ class FedSelect(Algorithm):
     # ---------------------------------------------------------------- server side
     def aggregates_in(self, rnd: int) -> bool:
         return not (self.faithful and rnd == self.config.rounds)
-
-    def contribution(self, client: ClientState) -> Mask:
-        return {n: ~m for n, m in client.mask.items()}
 
     def receive(self, client: ClientState) -> None:
         for n in self.param_names:

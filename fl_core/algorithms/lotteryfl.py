@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from ..data import ClientData
-from ..masks import Mask, personal_fraction
+from ..masks import personal_fraction
 from ..training import State
 from .base import Algorithm, ClientState, LocalStats
 
@@ -140,9 +140,6 @@ class LotteryFL(Algorithm):
         return self.run_epochs(client, data, rnd, k, self.config.local_epochs, update)
 
     # ---------------------------------------------------------------- server side
-    def contribution(self, client: ClientState) -> Mask:
-        return {n: ~m for n, m in client.mask.items()}
-
     def receive(self, client: ClientState) -> None:
         for n in self.param_names:
             mask = client.mask.get(n)
