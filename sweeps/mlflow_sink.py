@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from ray import tune
 
 from fl_core.config import NON_SEMANTIC, RunConfig
 
 from . import metrics as round_summary
 from .parquet_sink import round_files
-from .trainable import state_path, trial_config
+from .trainable import trial_config
 
 
 
@@ -187,7 +186,7 @@ class MLflowSink(tune.Callback):
                 (out / "label_histograms.json").write_text(json.dumps(
                     {int(r.client): {"train": list(map(int, r.train_label_hist)), "test": list(map(int, r.test_label_hist))}
                      for r in hist.itertuples()}))
-            masks = _final_masks(state_path(self.sweep_dir, key))
+            masks = _final_masks(self.sweep_dir / "masks" / f"{key}.parquet")
             if masks:
                 np.savez_compressed(out / "fedselect_masks.npz", **masks)
             self.client.log_artifacts(run_id, folder)
@@ -202,13 +201,12 @@ def _method_label(config: RunConfig) -> str:
 
 
 def _final_masks(path: Path) -> dict[str, np.ndarray]:
-    """Each client's final personal mask, bit-packed (np.unpackbits(x)[:numel] restores it)."""
+    """Each client's final mask, bit-packed (np.unpackbits(x)[:numel] restores it), taken from
+    the trial's masks Parquet file (written by the trial at its last round)."""
     if not path.exists():
         return {}
-    state = torch.load(path, map_location="cpu", weights_only=True)
     packed = {}
-    for k, client in enumerate(state["clients"]):
-        for name, mask in (client["mask"] or {}).items():
-            packed[f"client{k}/{name}"] = np.packbits(mask.numpy().reshape(-1))
-            packed[f"client{k}/{name}.shape"] = np.array(mask.shape)
+    for row in pd.read_parquet(path).itertuples():
+        packed[f"client{row.client}/{row.tensor}"] = np.frombuffer(row.bits, dtype=np.uint8)
+        packed[f"client{row.client}/{row.tensor}.shape"] = np.array(row.shape)
     return packed

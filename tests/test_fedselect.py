@@ -31,10 +31,12 @@ def test_personal_fraction_of_every_tensor_follows_the_schedule():
     assert f == pytest.approx(0.6)  # the limit was reached and held
 
 
-def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
-    sim = Simulation(tiny(rounds=3))
+def grow_once(variant: str, k: int):
+    """Run round 1, then client k's round-2 local update; per selectable tensor yield
+    (name, |Δ| of round 2, newly personal entries, still-global entries, mask before)."""
+    sim = Simulation(tiny(rounds=3, fedselect_variant=variant))
     next(sim.run())  # round 1: some entries are personal now
-    algo, k = sim.algorithm, 1
+    algo = sim.algorithm
     client, data = sim.clients[k], sim.data.clients[k]
     before_state = {n: t.clone() for n, t in client.state.items()}
     before_mask = {n: m.clone() for n, m in client.mask.items()}
@@ -42,9 +44,13 @@ def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
     for name in algo.selectable:
         delta = (client.state[name] - before_state[name]).abs()
         new = client.mask[name] & ~before_mask[name]
-        still_global = ~client.mask[name]
-        assert not (before_mask[name] & ~client.mask[name]).any()  # personal stays personal
         assert int(new.sum()) > 0
+        yield name, delta, new, ~client.mask[name], before_mask[name]
+
+
+def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
+    for name, delta, new, still_global, before in grow_once("gradselect", k=1):
+        assert not (before & still_global).any()  # personal stays personal
         if still_global.any():
             assert delta[new].min() >= delta[still_global].max(), name
 
@@ -128,18 +134,7 @@ def test_ablations_follow_the_same_schedule(variant):
 
 
 def test_personalize_least_takes_the_smallest_delta():
-    sim = Simulation(tiny(rounds=3, fedselect_variant="personalize_least"))
-    next(sim.run())
-    algo, k = sim.algorithm, 2
-    client, data = sim.clients[k], sim.data.clients[k]
-    before_state = {n: t.clone() for n, t in client.state.items()}
-    before_mask = {n: m.clone() for n, m in client.mask.items()}
-    algo.local_update(k, client, data, rnd=2)
-    for name in algo.selectable:
-        delta = (client.state[name] - before_state[name]).abs()
-        new = client.mask[name] & ~before_mask[name]
-        still_global = ~client.mask[name]
-        assert int(new.sum()) > 0
+    for name, delta, new, still_global, _ in grow_once("personalize_least", k=2):
         if still_global.any():
             assert delta[new].max() <= delta[still_global].min(), name
 
