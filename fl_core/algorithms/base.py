@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ..client_state import ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..masks import Mask, masked_average
@@ -24,22 +25,6 @@ from ..models import is_head
 from ..training import LocalTrainer, State, UpdateSpec, derive_seed
 
 BYTES_PER_ENTRY = 4  # float32 on the wire
-
-
-@dataclass
-class ClientState:
-    """One client: its full model state (parameters and buffers) and, for masked methods, its mask."""
-
-    state: State
-    mask: Mask | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "mask": self.mask, "extra": self.extra}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ClientState":
-        return cls(state=d["state"], mask=d["mask"], extra=d["extra"])
 
 
 @dataclass
