@@ -2,18 +2,18 @@
 
 Prints one line per round and a summary; writes DIR/rounds.parquet (one row per round x client)
 and DIR/clients.parquet (per-client label histograms), rewritten atomically after every round so
-that a crash loses at most the round in progress.
+that a crash loses at most the round in progress. The flags are generated from the knob
+declarations (fl_core/config.py and each method's file); a method's knobs apply to it only.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, add_run_arguments, split_run_arguments
 from .data import DataError
 
 EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --partition shards "
@@ -21,27 +21,11 @@ EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --
            "--seed 0 --results results/demo")
 
 
-def _parse_optional(kind):
-    def parse(text: str):
-        return None if text.lower() in ("none", "") else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fl_core", description=__doc__.split("\n\n")[0] + "\n\n" + EXAMPLE,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(RunConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true", help=help_text)
-            continue
-        base = {"int": int, "float": float, "str": str}[f.type.split(" | ")[0]]
-        kind = _parse_optional(base) if "None" in f.type else base
-        metavar = "{" + ",".join(f.metadata["choices"]) + "}" if f.metadata["choices"] else None
-        parser.add_argument(flag, type=kind, default=f.default, help=help_text, metavar=metavar)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser)
     parser.add_argument("--results", type=Path, default=None,
                         help="output folder for rounds.parquet and clients.parquet "
                              "(default: results/runs/<algorithm>-<config hash>)")
@@ -52,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     results_dir = args.pop("results")
     try:
-        config = RunConfig(**args)
+        common, method = split_run_arguments(args)
+        config = RunConfig(**common, **method)
         from .simulation import Simulation  # heavy imports only after the arguments are valid
         sim = Simulation(config)
     except (ConfigError, DataError) as err:
@@ -62,22 +47,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(sim, results_dir: Path) -> int:
-    from .results import client_rows, round_rows, write_parquet
+    from .results import client_rows, round_rows, summarize_round, write_parquet
 
     config = sim.config
     write_parquet(pd.DataFrame(client_rows(sim.data, config)), results_dir / "clients.parquet")
-    print(f"{config.algorithm} on {config.dataset} ({config.partition}, {config.num_clients} clients, "
+    print(f"{config.label()} on {config.dataset} ({config.partition}, {config.num_clients} clients, "
           f"model {sim.model_name}, config {config.config_hash()})", flush=True)
-    rows, total = [], 0.0
+    rows, total, last = [], 0.0, None
     for result in sim.run():
-        rows.extend(round_rows(result, config, sim.model_name))
+        new = round_rows(result, config, sim.model_name)
+        rows.extend(new)
         write_parquet(pd.DataFrame(rows), results_dir / "rounds.parquet")
+        summary = summarize_round(pd.DataFrame(new))
         total += result.seconds
-        print(f"round {result.round:3d}/{config.rounds}  acc {result.mean('acc'):.4f}  "
-              f"personal {result.mean('personal_fraction'):.3f}  {result.seconds:6.2f} s", flush=True)
-    print(f"final: acc {result.mean('acc'):.4f} ± {result.std('acc'):.4f} over {config.num_clients} clients "
-          f"(sample-weighted {result.weighted_acc():.4f}); acc_local {result.mean('acc_local'):.4f}, "
-          f"acc_global {result.mean('acc_global'):.4f}; {total:.1f} s")
+        acc = f"acc {summary['acc_mean']:.4f}" if result.evaluated else "acc   --  "
+        print(f"round {result.round:3d}/{config.rounds}  {acc}  personal {summary['personal_fraction_mean']:.3f}  "
+              f"{result.seconds:6.2f} s", flush=True)
+        last = summary
+    print(f"final: acc {last['acc_mean']:.4f} ± {last['acc_std']:.4f} over {config.num_clients} clients "
+          f"(sample-weighted {last['acc_weighted']:.4f}); acc_local {last['acc_local_mean']:.4f}, "
+          f"acc_global {last['acc_global_mean']:.4f}; {total:.1f} s")
     print(f"wrote {results_dir / 'rounds.parquet'} and {results_dir / 'clients.parquet'}")
     return 0
 

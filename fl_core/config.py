@@ -1,8 +1,17 @@
 """RunConfig: every knob of one federated run, validated before any work starts.
 
-The field names are the project's vocabulary (DESIGN.md, "Names"): they are the CLI flags (with
-dashes), the Parquet columns and the MLflow params. Each field carries its help text, so the CLI
-and the docs are generated from this one place.
+A run's knobs are the *common* knobs below (data, model, schedule, optimiser, resources) plus the
+chosen method's *own* knobs, declared beside the method in its algorithm file (e.g. FedSelect's
+`pers_rate` in fl_core/algorithms/fedselect.py) and held in `config.method`. The flat view
+(`to_dict`, `from_dict`, keyword arguments) uses the project's names (DESIGN.md, "Names"); they
+are the CLI flags (with dashes), the Parquet columns and the MLflow params.
+
+    RunConfig(algorithm="fedselect", pers_rate=0.25)       # method knobs as keywords
+    config.pers_rate                                       # read through to config.method
+    RunConfig(algorithm="fedavg", pers_rate=0.25)          # ConfigError: a fedselect knob
+
+The config hash covers the common knobs and the chosen method's knobs only, so adding a knob to
+one method, or a new method, never changes the hash of another method's runs.
 """
 from __future__ import annotations
 
@@ -12,130 +21,205 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("fedselect", "fedavg", "local", "fedavg_ft", "fedper", "fedrep", "fedbabu", "lg_fedavg", "ditto",
-              "fedpac", "lotteryfl")
-FEDSELECT_VARIANTS = ("gradselect", "personalize_least", "layer", "random")
-BLOCKS = ("A", "B", "C", "D")
+from .algorithms import ALGORITHMS, params_class
+from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
+
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 PARTITIONS = ("shards", "dirichlet", "iid")
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18")
-SELECT_PARAMS = ("weights", "all")
 WEIGHTINGS = ("uniform", "samples")
-FEDSELECT_MODES = ("default", "faithful")
+LR_SCHEDULES = ("constant", "exp", "multistep")
 DEVICES = ("cpu", "cuda", "auto")
 
-# Fields that change where or how fast a run happens, not what it computes: they are left out of
-# the config hash so that the same experiment on a laptop and on a cluster shares one hash.
-NON_SEMANTIC = ("data_root", "download", "device", "threads")
+__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]
 
 
-class ConfigError(ValueError):
-    """A knob has a value outside what is allowed; the message names both."""
-
-
-def _knob(default: Any, help: str, choices: tuple | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RunConfig:
-    algorithm: str = _knob("fedselect", "federated algorithm", ALGORITHMS)
-    dataset: str = _knob("digits", "dataset source (digits is bundled with scikit-learn: offline)", DATASETS)
-    model: str = _knob("auto", "model; auto = lenet for 8x8/28x28 inputs, cnn2 for 32x32", MODELS)
-    num_clients: int = _knob(10, "number of clients (all take part every round)")
-    partition: str = _knob("shards", "how the training data is split over clients", PARTITIONS)
-    shards_per_client: int = _knob(2, "shards: distinct classes per client")
-    dir_alpha: float = _knob(0.5, "dirichlet: concentration of the per-class Dirichlet split (> 0; small = skewed)")
-    samples_per_client: int | None = _knob(None, "cap on each client's training samples (the paper uses 100); none = no cap")
-    test_samples_per_client: int | None = _knob(None, "cap on each client's test samples; none = its share of the test set")
-    min_samples: int = _knob(10, "dirichlet: minimum training samples per client")
-    rounds: int = _knob(20, "communication rounds")
-    local_epochs: int = _knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global pass)")
-    batch_size: int = _knob(32, "local mini-batch size")
-    lr: float = _knob(0.1, "local SGD learning rate")
-    momentum: float = _knob(0.0, "local SGD momentum (buffers are reset every local update)")
-    weight_decay: float = _knob(0.0, "local SGD weight decay")
-    pers_rate: float = _knob(0.25, "FedSelect p: share of the still-global entries made personal each round, in [0, 1]")
-    pers_limit: float = _knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor, in [0, 1]")
-    select_params: str = _knob("weights", "FedSelect: tensors that may become personal (weights = *weight tensors; all = every parameter)", SELECT_PARAMS)
-    fedselect_mode: str = _knob("default", "FedSelect semantics: default (DESIGN.md) or faithful (the public reference code)", FEDSELECT_MODES)
-    mask_every: int = _knob(1, "FedSelect faithful mode: grow the mask every k rounds")
-    fedselect_variant: str = _knob("gradselect", "FedSelect ablation (paper Table 3): gradselect = largest |Δ|; "
-                                   "personalize_least = smallest |Δ|; layer = one whole block; random = random entries",
-                                   FEDSELECT_VARIANTS)
-    layer_block: str = _knob("A", "FedSelect layer ablation: the block made personal (A-D, see fl_core/models.py)", BLOCKS)
-    weighting: str = _knob("uniform", "server averaging weights: uniform over clients or by training samples", WEIGHTINGS)
-    ft_epochs: int = _knob(1, "FedAvg+FT and FedBABU: fine-tuning epochs before each evaluation")
-    head_epochs: int = _knob(10, "FedRep: epochs training the head (body frozen) before the body epochs")
-    ditto_lambda: float = _knob(1.0, "Ditto: weight λ of the proximal term λ/2·||v - w||² of the personal model (1 = the paper's clean-data setting)")
-    fedpac_lambda: float = _knob(1.0, "FedPAC: weight λ of the feature-alignment loss (a mean over batch and feature entries, as the authors' MSELoss)")
-    lottery_acc_threshold: float = _knob(0.5, "LotteryFL: prune only while local accuracy is above this (1 = never prune)")
-    lottery_prune_step: float = _knob(0.2, "LotteryFL: share of the remaining weights pruned per pruning step")
-    lottery_target_sparsity: float = _knob(0.5, "LotteryFL: stop pruning at this share of pruned weights (paper: 0.5 CIFAR-10, 0.9 MNIST)")
-    seed: int = _knob(0, "seed of partition, initialisation and batch order")
-    data_root: str | None = _knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)")
-    download: bool = _knob(False, "download mnist/cifar10 if missing (needs internet)")
-    device: str = _knob("cpu", "torch device for the run", DEVICES)
-    threads: int | None = _knob(None, "torch CPU threads (none = torch's default)")
+    algorithm: str = knob("fedselect", "federated algorithm", choices=ALGORITHMS)
+    # ---- data (these knobs are the data spec: `data_spec()`)
+    dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline)", choices=DATASETS, data=True)
+    num_clients: int = knob(10, "number of clients", low=1, data=True)
+    partition: str = knob("shards", "how the training data is split over clients", choices=PARTITIONS, data=True)
+    shards_per_client: int = knob(2, "shards: distinct classes per client", low=1, data=True)
+    dir_alpha: float = knob(0.5, "dirichlet: concentration of the Dirichlet split (small = skewed)", low=0, low_open=True, data=True)
+    samples_per_client: int | None = knob(None, "cap on each client's training samples (the FedSelect paper uses 100); none = no cap", low=1, data=True)
+    test_samples_per_client: int | None = knob(None, "cap on each client's test samples; none = its share of the test set", low=1, data=True)
+    min_samples: int = knob(10, "dirichlet: minimum training samples per client", low=1, data=True)
+    val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split (selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
+    seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
+    # ---- model and schedule
+    model: str = knob("auto", "model; auto = lenet for 8x8/28x28 inputs, cnn2 for 32x32", choices=MODELS)
+    rounds: int = knob(20, "communication rounds", low=1)
+    participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
+    eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
+    local_epochs: int = knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global pass)", low=1)
+    batch_size: int = knob(32, "local mini-batch size", low=1)
+    lr: float = knob(0.1, "local SGD learning rate (of round 1 under a schedule)", low=0, low_open=True)
+    lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
+    lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)", low=0, low_open=True, high=1)
+    lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once more, e.g. 50,75")
+    momentum: float = knob(0.0, "local SGD momentum (buffers are reset every local update)", low=0, high=1, high_open=True)
+    weight_decay: float = knob(0.0, "local SGD weight decay", low=0)
+    weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
+    # ---- where and how fast (not in the hash)
+    data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
+    download: bool = knob(False, "download mnist/cifar10 if missing (needs internet)", data=True, semantic=False)
+    device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
+    threads: int | None = knob(None, "torch CPU threads (none = torch's default)", low=1, semantic=False)
+    # ---- the chosen method's own knobs (declared in its algorithm file)
+    method: MethodParams = field(default=None, compare=True)  # type: ignore[assignment]
 
-    # ------------------------------------------------------------------ validation
-    def __post_init__(self) -> None:
+    def __init__(self, **values: Any) -> None:
+        method = values.pop("method", None)
+        common = {f.name: f for f in knob_fields(RunConfig)}
+        for name, f in common.items():
+            object.__setattr__(self, name, values.pop(name) if name in values else f.default)
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"algorithm={self.algorithm!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
+        cls = params_class(self.algorithm)
+        if method is None:
+            method = cls(**_own_knobs(self.algorithm, cls, values))
+        elif values:
+            raise ConfigError(f"give method knobs either in `method` or as keywords, not both ({', '.join(values)})")
+        elif not isinstance(method, cls):
+            raise ConfigError(f"method={type(method).__name__} is not the parameter class of {self.algorithm} ({cls.__name__})")
+        object.__setattr__(self, "method", method)
+        normalise(self)
         self.validate()
 
-    def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value not in choices:
-                raise ConfigError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(choices)}")
-        for name in ("pers_rate", "pers_limit"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{name}={value!r} is outside the allowed range [0, 1]")
-        if not self.dir_alpha > 0:
-            raise ConfigError(f"dir_alpha={self.dir_alpha!r} must be > 0")
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr!r} must be > 0")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"momentum={self.momentum!r} must be in [0, 1)")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay!r} must be >= 0")
-        positive = ("num_clients", "shards_per_client", "rounds", "local_epochs", "batch_size", "mask_every", "min_samples")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
-        for name in ("samples_per_client", "test_samples_per_client", "threads"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name}={value!r} must be >= 1 (or none)")
-        for name in ("ft_epochs", "head_epochs"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("ditto_lambda", "fedpac_lambda"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("lottery_acc_threshold", "lottery_prune_step", "lottery_target_sparsity"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is outside the allowed range [0, 1]")
+    def __getattr__(self, name: str) -> Any:
+        """Method knobs read through: `config.pers_rate` is `config.method.pers_rate`."""
+        if name != "method" and "method" in self.__dict__ and hasattr(self.method, name):
+            return getattr(self.method, name)
+        raise AttributeError(f"RunConfig of {self.__dict__.get('algorithm')!r} has no knob {name!r}")
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        check_fields(self)
+        if self.lr_schedule == "multistep":
+            if not self.lr_milestones.strip():
+                raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
+        self.milestones()  # parses, or names the bad value
+
+    def milestones(self) -> list[int]:
+        text = self.lr_milestones.strip()
+        if not text:
+            return []
+        try:
+            rounds = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise ConfigError(f"lr_milestones={self.lr_milestones!r} must be comma-separated round numbers, e.g. 50,75") from None
+        if any(r < 1 for r in rounds) or rounds != sorted(set(rounds)):
+            raise ConfigError(f"lr_milestones={self.lr_milestones!r} must be increasing round numbers >= 1")
+        return rounds
+
+    def lr_at(self, rnd: int) -> float:
+        """The local learning rate of round `rnd` (1-based) under the schedule."""
+        if self.lr_schedule == "exp":
+            return self.lr * self.lr_decay ** (rnd - 1)
+        if self.lr_schedule == "multistep":
+            return self.lr * self.lr_decay ** sum(rnd >= m for m in self.milestones())
+        return self.lr
+
+    # ------------------------------------------------------------------ views
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat: every common knob, then the method's own knobs."""
+        return {f.name: getattr(self, f.name) for f in knob_fields(RunConfig)} | self.method.to_dict()
+
+    def semantic_dict(self) -> dict[str, Any]:
+        """`to_dict` without the knobs that do not change results (what the hash covers)."""
+        return {k: v for k, v in self.to_dict().items() if k not in NON_SEMANTIC}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        """Build from a dict (e.g. a Tune config), rejecting unknown keys by name."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+        """Build from a flat dict (a Tune config, a Parquet row), rejecting unknown keys by name."""
         return cls(**values)
 
     def replace(self, **changes: Any) -> "RunConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with some knobs changed; changing the algorithm drops the old method's knobs."""
+        values = self.to_dict()
+        if "algorithm" in changes and changes["algorithm"] != self.algorithm:
+            values = {k: v for k, v in values.items() if k in COMMON_KNOBS}
+        return RunConfig(**(values | changes))
 
     def config_hash(self) -> str:
-        """Short stable hash of everything that determines the results."""
-        semantic = {k: v for k, v in self.to_dict().items() if k not in NON_SEMANTIC}
-        blob = json.dumps(semantic, sort_keys=True).encode()
+        """Short stable hash of everything that determines the results: the common knobs and the
+        chosen method's knobs (never another method's)."""
+        blob = json.dumps(self.semantic_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+    def data_spec(self) -> dict[str, Any]:
+        """The knobs that decide the clients' data: trials with equal specs share one loaded copy."""
+        return {name: getattr(self, name) for name in DATA_KNOBS}
+
+    def data_key(self) -> str:
+        return hashlib.sha256(json.dumps(self.data_spec(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def label(self) -> str:
+        """The method's display name (e.g. `FedSelect (layer B)`)."""
+        from .algorithms import get_algorithm
+        return self.method.label(get_algorithm(self.algorithm).display)
+
+
+def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) -> dict[str, Any]:
+    """The given knobs that belong to `algorithm`; a knob of another method or an unknown name is
+    a ConfigError that says whose knob it is."""
+    own = {f.name for f in knob_fields(cls)}
+    foreign = [k for k in values if k not in own]
+    if foreign:
+        owners = knob_owners()
+        name = foreign[0]
+        if name in owners:
+            raise ConfigError(f"{name} is a knob of {', '.join(owners[name])}, not of {algorithm}; "
+                              f"{algorithm}'s own knobs: {', '.join(sorted(own)) or 'none'}")
+        known = sorted(set(COMMON_KNOBS) | set(owners))
+        raise ConfigError(f"unknown config key(s) {', '.join(sorted(foreign))}; known keys: {', '.join(known)}")
+    return values
+
+
+def knob_owners() -> dict[str, list[str]]:
+    """Method knob name -> the methods that declare it."""
+    owners: dict[str, list[str]] = {}
+    for algorithm in ALGORITHMS:
+        for f in knob_fields(params_class(algorithm)):
+            owners.setdefault(f.name, []).append(algorithm)
+    return owners
+
+
+def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ...] = (),
+                      defaults: dict[str, Any] | None = None) -> None:
+    """Every knob as a flag, generated from the declarations: a group of common knobs, then one
+    group per method. Method flags are only passed on when given (a run never carries another
+    method's knobs; giving one is a ConfigError naming its owner). A knob several methods
+    declare (e.g. ft_epochs) appears once, in the first method's group. Used by `python -m
+    fl_core` and by every study (which `skip` the knobs they define as swept axes)."""
+    common = parser.add_argument_group("run (common knobs)")
+    add_knob_arguments(common, RunConfig, skip=skip, many=many, defaults=defaults)
+    seen = set(skip)
+    owners = knob_owners()
+    for algorithm in ALGORITHMS:
+        cls = params_class(algorithm)
+        names = [f.name for f in knob_fields(cls) if f.name not in seen]
+        if not names:
+            continue
+        shared = sorted({o for n in names for o in owners[n]} - {algorithm})
+        title = f"{algorithm} knobs" + (f" (also used by {', '.join(shared)})" if shared else "")
+        group = parser.add_argument_group(title)
+        add_knob_arguments(group, cls, skip=tuple(n for n in (f.name for f in knob_fields(cls)) if n not in names),
+                           suppress_defaults=True, many=many)
+        seen.update(names)
+
+
+def split_run_arguments(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(common knobs, method knobs) of a parsed namespace's dict; other entries are left out."""
+    owners = knob_owners()
+    return ({k: v for k, v in values.items() if k in COMMON_KNOBS},
+            {k: v for k, v in values.items() if k in owners})
+
+
+COMMON_KNOBS = tuple(f.name for f in knob_fields(RunConfig))
+DATA_KNOBS = tuple(f.name for f in knob_fields(RunConfig) if f.metadata["data"])
+# Knobs that change where or how fast a run happens, not what it computes: left out of the hash,
+# so that the same experiment on a laptop and on a cluster shares one hash.
+NON_SEMANTIC = tuple(f.name for f in knob_fields(RunConfig) if not f.metadata["semantic"])

@@ -1,43 +1,225 @@
-"""Result rows and atomic Parquet writes (pandas/pyarrow only; shared by the CLI and the sweeps).
+"""The one result schema: round, client, trial and mask rows, and every summary statistic.
 
-Every row carries the config (the DESIGN.md names), its hash, the seed and the package version.
+Rows are built here and nowhere else (the CLI, the sweeps, the MLflow sink and `analysis` use
+these functions), so they cannot disagree. Every row carries the run's config columns: the
+common knobs and the chosen method's own knobs only (never another method's), `config_hash`,
+`seed`, `version`, and two labels, `method` (e.g. `FedSelect (layer B)`) and `setting` (e.g.
+`digits, Dir(0.1)`), so readers need no name lists of their own.
+
+Statistics (defined once, here):
+- over clients (one round of one trial): unweighted mean and population std (ddof = 0) over
+  clients, NaN entries skipped, as the papers report; the test-sample-weighted mean beside it;
+- over seeds (a table cell): mean and sample std (ddof = 1; 0 for a single seed), `across_seeds`;
+- traffic: MB = 10^6 bytes; `busiest_mb` = the largest up + down of any one client in the round.
+
+pandas and numpy; torch is imported only through the method registry (labels of old rows,
+the names of method knobs).
 """
 from __future__ import annotations
 
+import math
 import os
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import __version__
-from .config import NON_SEMANTIC, RunConfig
-from .data import FederatedData
-from .simulation import RoundResult, client_round_dict
+
+MB = 1e6
+STANDARD_CLIENT_COLUMNS = frozenset({
+    "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "loss", "n_train", "n_val",
+    "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr"})
+SEED_DDOF = 1
 
 
-def config_columns(config: RunConfig) -> dict[str, Any]:
-    cols = {k: v for k, v in config.to_dict().items() if k not in NON_SEMANTIC}
-    cols["config_hash"] = config.config_hash()
-    cols["version"] = __version__
+# ---------------------------------------------------------------------------- statistics
+def _finite(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    return array[~np.isnan(array)]
+
+
+def client_mean(values: Sequence[float]) -> float:
+    """Unweighted mean over clients (NaN entries skipped; NaN if none is left)."""
+    array = _finite(values)
+    return float(array.mean()) if array.size else math.nan
+
+
+def client_std(values: Sequence[float]) -> float:
+    """Population std over clients (ddof = 0; NaN entries skipped)."""
+    array = _finite(values)
+    return float(array.std(ddof=0)) if array.size else math.nan
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    keep = ~np.isnan(v)
+    return float((v[keep] * w[keep]).sum() / w[keep].sum()) if keep.any() and w[keep].sum() > 0 else math.nan
+
+
+def across_seeds(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, sample std with ddof = 1 (0 for one seed), number of seeds) of per-seed results."""
+    array = _finite(values)
+    if not array.size:
+        return math.nan, math.nan, 0
+    return float(array.mean()), float(array.std(ddof=SEED_DDOF)) if array.size > 1 else 0.0, int(array.size)
+
+
+def summarize_round(rows: pd.DataFrame, mb_before: float = 0.0) -> dict[str, float]:
+    """The summary of one round of one trial (`rows`: one per client), with `mb_total` counting
+    `mb_before` from earlier rounds. The method's own metrics get a `<name>_mean`."""
+    up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
+    sent = float((up + down).sum()) / MB
+    out = {
+        "round": int(rows["round"].iloc[0]),
+        "acc_mean": client_mean(rows["acc"]),
+        "acc_std": client_std(rows["acc"]),
+        "acc_weighted": weighted_mean(rows["acc"], rows["n_test"]),
+        "acc_local_mean": client_mean(rows["acc_local"]),
+        "acc_global_mean": client_mean(rows["acc_global"]),
+        "acc_val_mean": client_mean(rows["acc_val"]) if "acc_val" in rows else math.nan,
+        "loss_mean": client_mean(rows["loss"]),
+        "personal_fraction_mean": client_mean(rows["personal_fraction"]),
+        "personal_fraction_std": client_std(rows["personal_fraction"]),
+        "participants": int(rows["participated"].sum()) if "participated" in rows else len(rows),
+        "mb_up": float(up.sum()) / MB,
+        "mb_down": float(down.sum()) / MB,
+        "mb_round": sent,
+        "mb_total": mb_before + sent,
+        "busiest_mb": float((up + down).max()) / MB,
+        "round_seconds": float(rows["round_seconds"].iloc[0]) if "round_seconds" in rows else math.nan,
+    }
+    for name in method_metric_columns(rows):
+        out[f"{name}_mean"] = client_mean(rows[name])
+    return out
+
+
+def summarize_trial(rows: pd.DataFrame) -> list[dict[str, float]]:
+    """`summarize_round` for every round of one trial, in round order (cumulative MB)."""
+    out, total = [], 0.0
+    for _, group in rows.sort_values(["round", "client"]).groupby("round", sort=True):
+        summary = summarize_round(group, total)
+        total = summary["mb_total"]
+        out.append(summary)
+    return out
+
+
+def method_metric_columns(rows: pd.DataFrame) -> list[str]:
+    """Columns a method reported through `LocalStats.metrics`: every numeric column that is not
+    a standard column, a knob of any method, a label or an allowed context column."""
+    known = STANDARD_CLIENT_COLUMNS | CONFIG_EXTRA_COLUMNS | ROW_CONTEXT_COLUMNS | known_config_columns()
+    return [c for c in rows.columns if c not in known and pd.api.types.is_numeric_dtype(rows[c])]
+
+
+# ---------------------------------------------------------------------------- labels
+def setting_label(values: Mapping[str, Any]) -> str:
+    """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`."""
+    partition = values["partition"]
+    if partition == "shards":
+        split = f"{int(values['shards_per_client'])} shards"
+    elif partition == "dirichlet":
+        split = f"Dir({float(values['dir_alpha']):g})"
+    else:
+        split = str(partition)
+    return f"{values['dataset']}, {split}"
+
+
+def add_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """Fill the `method` and `setting` columns of rows written before they existed (results of
+    engine v1): `method` from the algorithm and its knobs, `setting` from the data knobs."""
+    from .algorithms import get_algorithm, params_class
+
+    frame = frame.copy()
+    if "setting" not in frame or frame["setting"].isna().any():
+        labels = frame.apply(setting_label, axis=1) if len(frame) else pd.Series(dtype=object)
+        frame["setting"] = frame["setting"].fillna(labels) if "setting" in frame else labels
+
+    def method(row) -> str:
+        cls = params_class(row["algorithm"])
+        own = {f: row[f] for f in cls.__dataclass_fields__ if f in row and not _missing(row[f])}
+        return cls(**own).label(get_algorithm(row["algorithm"]).display)
+
+    if len(frame) and ("method" not in frame or frame["method"].isna().any()):
+        labels = frame.apply(method, axis=1)
+        frame["method"] = frame["method"].fillna(labels) if "method" in frame else labels
+    return frame
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# ---------------------------------------------------------------------------- rows
+# Columns a caller may add to rows besides config and numbers (`round_rows(..., **context)`).
+ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", "model"})
+CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key"})
+
+
+def known_config_columns() -> frozenset[str]:
+    """Every knob name of every method and the common knobs (so that a method metric is never
+    mistaken for a config column, whichever method wrote the rows)."""
+    from .config import COMMON_KNOBS, knob_owners
+    return frozenset(COMMON_KNOBS) | frozenset(knob_owners())
+
+
+def config_columns(config) -> dict[str, Any]:
+    """The config columns of every row of a run (see the module docstring)."""
+    cols = config.semantic_dict()
+    cols |= {"config_hash": config.config_hash(), "version": __version__, "method": config.label(),
+             "setting": setting_label(cols), "data_key": config.data_key()}
     return cols
 
 
-def round_rows(result: RoundResult, config: RunConfig, model: str) -> list[dict[str, Any]]:
-    """One row per client of one round: metrics plus the config columns."""
-    base = config_columns(config) | {"model": model}
-    return [base | row for row in client_round_dict(result)]
+def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any]]:
+    """One row per client of one round: config columns, `context` (e.g. sweep, trial_id), the
+    resolved model name, the round's wall time and lr, and the client's numbers."""
+    unknown = sorted(set(context) - ROW_CONTEXT_COLUMNS)
+    if unknown:
+        raise ValueError(f"context column(s) {', '.join(unknown)} are not in ROW_CONTEXT_COLUMNS")
+    base = config_columns(config) | context | {"model": model, "round_seconds": result.seconds, "lr": result.lr}
+    return [base | row for row in result.rows()]
 
 
-def client_rows(data: FederatedData, config: RunConfig) -> list[dict[str, Any]]:
-    """One row per client: its realised train and test label histograms."""
-    base = config_columns(config)
-    return [base | {"client": k, "n_train": int(data.train_hist[k].sum()), "n_test": int(data.test_hist[k].sum()),
-                    "train_label_hist": data.train_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
+def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
+    """One row per client: its realised train, validation and test label histograms."""
+    base = config_columns(config) | context
+    return [base | {"client": k, "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
+                    "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
+                    "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
             for k in range(len(data.clients))]
 
 
+def mask_rows(config, masks: Sequence[Mapping[str, Any] | None]) -> list[dict[str, Any]]:
+    """Each client's final mask per tensor, bit-packed (np.unpackbits(bits)[:numel] restores it)."""
+    base = {"config_hash": config.config_hash(), "seed": config.seed, "version": __version__}
+    rows = []
+    for k, mask in enumerate(masks):
+        for name, m in (mask or {}).items():
+            flat = m.detach().cpu().numpy().reshape(-1)
+            rows.append(base | {"client": k, "tensor": name, "shape": list(m.shape), "numel": int(flat.size),
+                                "bits": np.packbits(flat).tobytes()})
+    return rows
+
+
+def trial_row(config, rounds: pd.DataFrame, **info: Any) -> dict[str, Any]:
+    """One row per trial: config columns, the final round's summary (the last evaluated round's
+    accuracies) and `info` (status, wall time, provenance)."""
+    row = config_columns(config)
+    if len(rounds):
+        history = summarize_trial(rounds)
+        final = dict(history[-1])
+        evaluated = [h for h in history if not math.isnan(h["acc_mean"])]
+        if evaluated:
+            for key in ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "acc_val_mean"):
+                final[key] = evaluated[-1][key]
+        row |= {k: v for k, v in final.items() if k != "round"} | {"rounds_done": final["round"]}
+    return row | info
+
+
+# ---------------------------------------------------------------------------- files
 def write_parquet(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write atomically: a unique temp file in the same folder, then rename over the target."""
     path = Path(path)

@@ -1,5 +1,12 @@
 """The round loop: `Simulation(config).run()` yields one `RoundResult` per round.
 
+A round (hooks in fl_core/algorithms/base.py): the algorithm picks the participants; each trains
+locally (a participant that missed broadcasts first downloads the current model); then either the
+server averages the participants and broadcasts to them, or, for server-less methods, every
+client averages with its neighbours; on evaluated rounds (`eval_every`, always the last) every
+client is scored (a client that missed broadcasts as it would start its next round). Traffic is
+counted per client, up and down separately.
+
 The whole state (server model, every client's state and mask, rounds done) is a plain dict of
 tensors (`state_dict`), so a run can be checkpointed between rounds and restored; batch orders
 are derived from (seed, round, client), so a restored run continues bit-identically on CPU.
@@ -10,36 +17,50 @@ import io
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from .algorithms import ClientState, get_algorithm
+from .algorithms import get_algorithm
+from .algorithms.base import ClientInfo, Traffic
+from .client_state import ClientState
 from .config import ConfigError, RunConfig
-from .data import FederatedData, build_federated_data
+from .data import ClientData, FederatedData, load_data
 from .models import build_model, resolve_model_name
+from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
+from .algorithms.base import BYTES_PER_ENTRY
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class ClientRound:
-    """One client's numbers at the end of one round."""
+    """One client's numbers at the end of one round (accuracies are NaN on rounds that are not
+    evaluated; loss and the method's metrics are NaN for clients that did not take part)."""
 
     client: int
-    acc_local: float        # after local training, before the broadcast
-    acc_global: float       # after the broadcast
+    participated: bool
+    acc_local: float        # after local training, before the communication step
+    acc_global: float       # after the communication step
     acc: float              # the algorithm's personalized accuracy (one of the above, or its own model)
+    acc_val: float          # the personalized model on the client's validation split (NaN without one)
     loss: float             # mean training loss over this round's local passes
     n_train: int
+    n_val: int
     n_test: int
     personal_fraction: float
     bytes_up: int
     bytes_down: int
     seconds: float          # local training and evaluation of this client
+    metrics: dict[str, float] = field(default_factory=dict)  # the method's own (LocalStats.metrics)
+
+    def row(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metrics"}
+        return out | self.metrics
 
 
 @dataclass(frozen=True)
@@ -47,18 +68,23 @@ class RoundResult:
     round: int              # 1-based
     clients: list[ClientRound]
     seconds: float          # wall time of the whole round
+    evaluated: bool = True  # accuracies were measured this round (`eval_every`; always the last)
+    lr: float = NAN         # the local learning rate of this round
 
     def mean(self, metric: str) -> float:
-        """Unweighted mean over clients, as the papers report."""
-        return sum(getattr(c, metric) for c in self.clients) / len(self.clients)
+        """Unweighted mean over clients, as the papers report (NaN entries skipped)."""
+        return client_mean([getattr(c, metric) for c in self.clients])
 
     def weighted_acc(self) -> float:
         """Test-sample-weighted mean accuracy (reported alongside the unweighted mean)."""
-        return sum(c.acc * c.n_test for c in self.clients) / sum(c.n_test for c in self.clients)
+        return weighted_mean([c.acc for c in self.clients], [c.n_test for c in self.clients])
 
     def std(self, metric: str) -> float:
-        values = torch.tensor([getattr(c, metric) for c in self.clients], dtype=torch.float64)
-        return float(values.std(unbiased=False))
+        return client_std([getattr(c, metric) for c in self.clients])
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per client: the round, its `ClientRound` fields and the method's metrics."""
+        return [{"round": self.round} | c.row() for c in self.clients]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,18 +95,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_data(config: RunConfig) -> FederatedData:
-    """Load and partition the config's data setting (on CPU)."""
-    return build_federated_data(
-        dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
-        seed=config.seed, shards_per_client=config.shards_per_client, dir_alpha=config.dir_alpha,
-        samples_per_client=config.samples_per_client,
-        test_samples_per_client=config.test_samples_per_client, min_samples=config.min_samples,
-        data_root=config.data_root, download=config.download)
-
-
 class Simulation:
-    def __init__(self, config: RunConfig, data: FederatedData | None = None) -> None:
+    """One federated run. `profiles` (optional) gives each client's capability profile (e.g.
+    PerFedMask's budget), which the algorithm's `setup` sees with the clients' sizes."""
+
+    def __init__(self, config: RunConfig, data: FederatedData | None = None,
+                 profiles: list[dict[str, float]] | None = None) -> None:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -88,6 +108,8 @@ class Simulation:
         data = load_data(config) if data is None else data
         if len(data.clients) != config.num_clients:
             raise ConfigError(f"data has {len(data.clients)} clients but num_clients={config.num_clients}")
+        if profiles is not None and len(profiles) != config.num_clients:
+            raise ConfigError(f"{len(profiles)} capability profiles for {config.num_clients} clients")
         self.data = data.to(self.device)
         self.model_name = resolve_model_name(config.model, data.input_shape)
         with torch.random.fork_rng(devices=[]):
@@ -98,7 +120,11 @@ class Simulation:
                           weight_decay=config.weight_decay)
         self.trainer = LocalTrainer(model, sgd)
         self.algorithm = get_algorithm(config.algorithm)(config, self.trainer, self.model_name)
-        self.clients: list[ClientState] = self.algorithm.setup(read_state(model), config.num_clients)
+        infos = [ClientInfo(k=k, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+                            train_label_hist=data.train_hist[k], profile=dict(profiles[k]) if profiles else {})
+                 for k, d in enumerate(self.data.clients)]
+        self.clients: list[ClientState] = self.algorithm.setup(read_state(model), infos)
+        self.synced = [True] * config.num_clients  # client holds the latest broadcast
         self.completed = 0
 
     # ---------------------------------------------------------------- the loop
@@ -109,37 +135,79 @@ class Simulation:
 
     def run_round(self) -> RoundResult:
         rnd = self.completed + 1
-        algo, trainer, clients, data = self.algorithm, self.trainer, self.clients, self.data.clients
+        algo, clients, data = self.algorithm, self.clients, self.data.clients
+        n = len(clients)
         start = time.perf_counter()
-        seconds = [0.0] * len(clients)
-        local_correct, losses = [], []
-        for k, (client, d) in enumerate(zip(clients, data)):
+        participants = algo.participants(rnd)
+        taking_part = set(participants)
+        evaluate = rnd % self.config.eval_every == 0 or rnd == self.config.rounds
+        seconds, up, down = [0.0] * n, [0] * n, [0] * n
+        losses, metrics, after_local = {}, {}, {}
+        server = algo.communicates and algo.neighbours(rnd, participants) is None
+        for k in participants:
             t0 = time.perf_counter()
+            client, d = clients[k], data[k]
+            if server and not self.synced[k]:  # missed broadcasts: download the current model first
+                algo.receive(client)
+                down[k] += algo.sent_entries(client) * BYTES_PER_ENTRY
+                self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
-            losses.append(stats.loss_sum / max(stats.samples, 1))
-            local_correct.append(trainer.evaluate(client.state, d.x_test, d.y_test))
+            losses[k] = stats.loss_sum / max(stats.samples, 1)
+            metrics[k] = _checked_metrics(algo.name, stats.metrics)
+            if evaluate:
+                after_local[k] = self._scores(client.state, d)
             seconds[k] += time.perf_counter() - t0
 
-        aggregated = algo.aggregates_in(rnd)
-        sent = algo.aggregate(clients, data, rnd) if aggregated else [0] * len(clients)
+        aggregated = algo.communicates and algo.aggregates_in(rnd)
+        if aggregated:
+            traffic = self._communicate(rnd, participants)
+            for k, b_up, b_down in zip(traffic.clients, traffic.up, traffic.down):
+                up[k] += b_up
+                down[k] += b_down
 
+        loss_values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
         results = []
-        loss_values = torch.stack(losses).tolist()  # one host sync for all clients' losses
         for k, (client, d) in enumerate(zip(clients, data)):
             t0 = time.perf_counter()
-            acc_local = local_correct[k] / d.n_test
-            acc_global = trainer.evaluate(client.state, d.x_test, d.y_test) / d.n_test if aggregated else acc_local
-            if algo.acc_from == "custom":
-                acc = trainer.evaluate(algo.personalized_state(k, client, d, rnd), d.x_test, d.y_test) / d.n_test
-            else:
-                acc = acc_local if algo.acc_from == "local" else acc_global
+            acc_local = acc_global = acc = acc_val = NAN
+            if evaluate:
+                acc_local, val_local = after_local[k] if k in after_local else self._scores(client.state, d)
+                # A client that missed broadcasts is evaluated as it would start its next round.
+                current = client if self.synced[k] or not server else _caught_up(algo, client)
+                acc_global, val_global = (self._scores(current.state, d)
+                                          if current is not client or (aggregated and k in taking_part)
+                                          else (acc_local, val_local))
+                if algo.acc_from == "custom":
+                    acc, acc_val = self._scores(algo.personalized_model(k, current, d, rnd), d)
+                else:
+                    acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
             seconds[k] += time.perf_counter() - t0
             results.append(ClientRound(
-                client=k, acc_local=acc_local, acc_global=acc_global, acc=acc, loss=loss_values[k],
-                n_train=d.n_train, n_test=d.n_test, personal_fraction=algo.personal_fraction(client),
-                bytes_up=sent[k], bytes_down=sent[k], seconds=seconds[k]))
+                client=k, participated=k in taking_part, acc_local=acc_local, acc_global=acc_global, acc=acc,
+                acc_val=acc_val, loss=loss_values.get(k, NAN), n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+                personal_fraction=algo.personal_fraction(client), bytes_up=up[k], bytes_down=down[k],
+                seconds=seconds[k], metrics=metrics.get(k, {})))
         self.completed = rnd
-        return RoundResult(round=rnd, clients=results, seconds=time.perf_counter() - start)
+        return RoundResult(round=rnd, clients=results, seconds=time.perf_counter() - start, evaluated=evaluate,
+                           lr=self.config.lr_at(rnd))
+
+    def _communicate(self, rnd: int, participants: list[int]) -> "_Placed":
+        """The communication step: the server's (participants only) or the neighbours' mixing."""
+        algo, clients, data = self.algorithm, self.clients, self.data.clients
+        graph = algo.neighbours(rnd, participants)
+        if graph is not None:
+            traffic = algo.mix_neighbours(clients, data, graph, rnd)
+            return _Placed(list(range(len(clients))), traffic.up, traffic.down)
+        traffic = algo.aggregate([clients[k] for k in participants], [data[k] for k in participants], rnd)
+        taking_part = set(participants)
+        self.synced = [k in taking_part for k in range(len(clients))]
+        return _Placed(participants, traffic.up, traffic.down)
+
+    def _scores(self, model, d: ClientData) -> tuple[float, float]:
+        """(test accuracy, validation accuracy or NaN) of a state or predictor on client data."""
+        acc = self.trainer.evaluate(model, d.x_test, d.y_test) / d.n_test
+        val = self.trainer.evaluate(model, d.x_val, d.y_val) / d.n_val if d.n_val else NAN
+        return acc, val
 
     # ---------------------------------------------------------------- save / restore
     def state_dict(self) -> dict[str, Any]:
@@ -147,6 +215,7 @@ class Simulation:
             "format": STATE_FORMAT,
             "config_hash": self.config.config_hash(),
             "completed": self.completed,
+            "synced": list(self.synced),
             "algorithm": self.algorithm.state_dict(),
             "clients": [c.to_dict() for c in self.clients],
         }
@@ -161,6 +230,7 @@ class Simulation:
         self.algorithm.load_state_dict(to_device(state["algorithm"]))
         self.clients = [ClientState.from_dict(to_device(c)) for c in state["clients"]]
         self.completed = state["completed"]
+        self.synced = list(state["synced"])
 
     def save(self, path: str | os.PathLike, **extra: Any) -> None:
         """Write the state (plus any small `extra` values) atomically: temp file, then rename."""
@@ -189,5 +259,23 @@ def _map_tensors(obj: Any, fn) -> Any:
     return obj
 
 
-def client_round_dict(result: RoundResult) -> list[dict[str, Any]]:
-    return [{"round": result.round, **asdict(c)} for c in result.clients]
+class _Placed(NamedTuple):
+    """Traffic of a communication step placed on client indices."""
+
+    clients: list[int]
+    up: list[int]
+    down: list[int]
+
+
+def _caught_up(algo, client: ClientState) -> ClientState:
+    """A copy of `client` after receiving the current broadcast (the client itself is unchanged)."""
+    copy = ClientState(state=dict(client.state), mask=client.mask, extra=client.extra)
+    algo.receive(copy)
+    return copy
+
+
+def _checked_metrics(method: str, metrics: dict[str, float]) -> dict[str, float]:
+    clash = sorted(set(metrics) & STANDARD_CLIENT_COLUMNS)
+    if clash:
+        raise ValueError(f"{method} reports metric(s) {', '.join(clash)} that clash with standard result columns")
+    return {k: float(v) for k, v in metrics.items()}

@@ -1,14 +1,20 @@
-"""Algorithm registry: one file per method, each a few hooks on `base.Algorithm`.
+"""The registry of methods: the single list of what `algorithm` may name.
 
-Imported lazily by name, so that a method's module is loaded only when a run uses it.
+Each method lives in one file of this package: its class (hooks on `base.Algorithm`) and its own
+knobs (a `MethodParams` dataclass, the class's `Params`). A module is imported only when a run
+(or a CLI, or a config check) needs that method, and this file imports no torch, so that
+`fl_core.config` can list the methods cheaply.
 """
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from .base import Algorithm, ClientState
+if TYPE_CHECKING:
+    from ..knobs import MethodParams
+    from .base import Algorithm
 
-# name -> (module in this package, class)
+# name -> (module in this package, class). Order = the order of tables and --help.
 _IMPLEMENTATIONS = {
     "fedselect": ("fedselect", "FedSelect"),
     "fedavg": ("fedavg", "FedAvg"),
@@ -22,11 +28,29 @@ _IMPLEMENTATIONS = {
     "fedpac": ("fedpac", "FedPAC"),
     "lotteryfl": ("lotteryfl", "LotteryFL"),
 }
+ALGORITHMS = tuple(_IMPLEMENTATIONS)
 
 
-def get_algorithm(name: str) -> type[Algorithm]:
+def get_algorithm(name: str) -> type["Algorithm"]:
+    if name not in _IMPLEMENTATIONS:
+        raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)}")
     module, cls = _IMPLEMENTATIONS[name]
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
-__all__ = ["Algorithm", "ClientState", "get_algorithm"]
+def params_class(name: str) -> type["MethodParams"]:
+    """The dataclass of a method's own knobs (defaults, help, validation)."""
+    return get_algorithm(name).Params
+
+
+def __getattr__(name: str) -> Any:  # `from fl_core.algorithms import Algorithm` stays lazy
+    if name == "Algorithm":
+        from .base import Algorithm
+        return Algorithm
+    if name == "ClientState":
+        from ..client_state import ClientState
+        return ClientState
+    raise AttributeError(name)
+
+
+__all__ = ["ALGORITHMS", "get_algorithm", "params_class", "Algorithm", "ClientState"]

@@ -1,45 +1,98 @@
-"""What every algorithm shares: client state, the server step, the hooks a method overrides.
+"""What every algorithm shares: the hooks a method overrides and the helpers it calls.
 
-An algorithm is a small class. The simulation calls, every round:
-  1. `local_update(k, client, rnd)` for each client (train in place, maybe grow a mask);
-  2. `aggregate(clients, rnd)`: the server's masked average of what each client sends
-     (`contribution`), broadcast back with `receive`;
-  3. evaluation of `personalized_state` when the method's accuracy needs a model of its own.
-`acc_from` says which evaluated model is the method's personalized accuracy `acc`:
-"local" (after local training), "global" (after the broadcast) or "custom"
-(`personalized_state`, e.g. after fine-tuning).
+The simulation (fl_core/simulation.py) calls, every round t (1-based):
+  1. `participants(t)`: who takes part (a seeded sample of `participation`; everyone by default);
+  2. for each participant k: `local_update(k, client, data, t)` (train in place, maybe grow a
+     mask); it returns `LocalStats`, whose `metrics` (the method's own per-client numbers)
+     become Parquet columns and MLflow metrics without further code;
+  3. if `aggregates_in(t)`: with a server (`neighbours(t, ...)` is None) `aggregate` averages
+     what the participants send (`contribution`, `shared_names`, `aggregation_weights`) with the
+     one masked-averaging primitive and broadcasts it back (`receive`); server-less methods
+     return a graph from `neighbours` and `mix_neighbours` averages each client with its
+     neighbours from one start-of-round snapshot. Both return the bytes each client sent up and
+     received down;
+  4. on evaluated rounds (`eval_every`, and always the last): the model after local training
+     (`acc_local`), after the communication step (`acc_global`) and, for `acc_from = "custom"`,
+     `personalized_model(k, client, data, t)`: a state, or a predictor `x -> logits` (to mix BN
+     statistics or ensemble).
+`acc_from` says which model is the method's personalized accuracy `acc`: "local", "global" or
+"custom". A method declares its own knobs as `Params` (a `MethodParams` dataclass in its file)
+and reads them from `self.params`.
+
+Hooks (override): setup, init_client, participants, local_update, aggregates_in, neighbours,
+shared_names, contribution, aggregation_weights, aggregate, mix_neighbours, receive,
+personalized_model, personal_fraction, state_dict, load_state_dict.
+Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, and on `self.trainer`:
+evaluate, gradients; differentiable updates live in fl_core/functional.py.
+Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..client_state import ClientState
 from ..config import RunConfig
 from ..data import ClientData
+from ..knobs import MethodParams, NoParams
 from ..masks import Mask, masked_average
 from ..models import is_head
 from ..training import LocalTrainer, State, UpdateSpec, derive_seed
 
 BYTES_PER_ENTRY = 4  # float32 on the wire
+Predictor = Callable[[Tensor], Tensor]  # x -> logits
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server may know of client k before training: sizes, label histogram, profile."""
+
+    k: int
+    n_train: int
+    n_val: int
+    n_test: int
+    train_label_hist: np.ndarray
+    profile: dict[str, float] = field(default_factory=dict)  # device capabilities (e.g. a budget)
 
 
 @dataclass
 class LocalStats:
+    """What a local update returns: the summed training loss, the samples it saw, and the
+    method's own per-client metrics (name -> number; they become Parquet columns)."""
+
     loss_sum: Tensor
     samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __add__(self, other: "LocalStats") -> "LocalStats":
+        return LocalStats(self.loss_sum + other.loss_sum, self.samples + other.samples, self.metrics | other.metrics)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes each client sent up and received down in one communication step (aligned with the
+    clients passed to it)."""
+
+    up: list[int]
+    down: list[int]
 
 
 class Algorithm:
-    name: ClassVar[str]
+    name: ClassVar[str]                 # the registry name (`algorithm`)
+    display: ClassVar[str]              # the name in tables and legends
+    Params: ClassVar[type[MethodParams]] = NoParams
     acc_from: ClassVar[str] = "local"
     communicates: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
         self.config = config
+        self.params = config.method  # this method's own knobs (an instance of `Params`)
         self.trainer = trainer
         self.model_name = model_name
         self.param_names = list(trainer.params)
@@ -47,83 +100,103 @@ class Algorithm:
         self.body_names = [n for n in self.param_names if not is_head(model_name, n)]
         self.numels = {n: p.numel() for n, p in trainer.params.items()}
         self.global_state: State = {}
+        self.clients_info: list[ClientInfo] = []
 
-    # ---------------------------------------------------------------- set-up
+    # ================================================================ hooks: set-up
+    def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
+        """Before round 1, with every client's sizes and capability profile (a server-side
+        problem such as PerFedMask's masks is solved here)."""
+        self.clients_info = list(clients)
+        self.global_state = {n: t.clone() for n, t in init.items()}
+        return [self.init_client(info.k, init) for info in clients]
+
     def init_client(self, k: int, init: State) -> ClientState:
         return ClientState(state={n: t.clone() for n, t in init.items()})
 
-    def setup(self, init: State, num_clients: int) -> list[ClientState]:
-        self.global_state = {n: t.clone() for n, t in init.items()}
-        return [self.init_client(k, init) for k in range(num_clients)]
-
-    # ---------------------------------------------------------------- client side
-    def full_update(self) -> UpdateSpec:
-        return {n: None for n in self.param_names}
-
-    def train_pass(self, client: ClientState, data: ClientData, rnd: int, k: int, epoch: int,
-                   update: UpdateSpec, purpose: str, stats: LocalStats, **options: Any) -> None:
-        """One pass of SGD on client k's training data, changing what `update` allows.
-
-        The batch order depends on (seed, round, client, epoch, purpose) only, so two methods that
-        make the same pass see the same batches. `options` go to `LocalTrainer.train_pass`
-        (`loss_fn`, `prox`).
-        """
-        seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
-        client.state, loss, n = self.trainer.train_pass(client.state, data.x_train, data.y_train, update, seed,
-                                                        **options)
-        stats.loss_sum += loss
-        stats.samples += n
-
-    def run_epochs(self, client: ClientState, data: ClientData, rnd: int, k: int, epochs: int,
-                   update: UpdateSpec, purpose: str = "global", **options: Any) -> LocalStats:
-        stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
-        for epoch in range(epochs):
-            self.train_pass(client, data, rnd, k, epoch, update, purpose, stats, **options)
-        return stats
+    # ================================================================ hooks: who, and the client side
+    def participants(self, rnd: int) -> list[int]:
+        """Clients taking part in round `rnd`: all, or a seeded sample of max(1, ⌊participation·N⌋)."""
+        n = len(self.clients_info)
+        share = self.config.participation
+        if share >= 1.0:
+            return list(range(n))
+        m = max(1, math.floor(share * n + 1e-9))
+        rng = np.random.default_rng(derive_seed(self.config.seed, rnd, "participants"))
+        return sorted(int(k) for k in rng.choice(n, size=m, replace=False))
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        return self.run_epochs(client, data, rnd, k, self.config.local_epochs, self.full_update())
+        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update())
 
-    # ---------------------------------------------------------------- server side
+    # ================================================================ hooks: communication
     def aggregates_in(self, rnd: int) -> bool:
-        """Whether the server averages and broadcasts at the end of round `rnd` (1-based)."""
+        """Whether the communication step runs at the end of round `rnd`."""
         return self.communicates
+
+    def neighbours(self, rnd: int, participants: Sequence[int]) -> dict[int, list[int]] | None:
+        """Server-less methods: who averages from whom in round `rnd` (k -> its neighbours, self
+        excluded). None (the default) means a server: everyone from everyone."""
+        return None
+
+    def shared_names(self) -> list[str]:
+        """Parameters that are averaged (all by default; body-only or head-only methods narrow it)."""
+        return self.param_names
 
     def contribution(self, client: ClientState) -> Mask | None:
         """Bool masks of the entries this client sends (None: all of them). A client's mask marks
         the entries that never leave it (FedSelect: personal; LotteryFL: pruned)."""
         return None if client.mask is None else {n: ~m for n, m in client.mask.items()}
 
-    def aggregation_weights(self, data: list[ClientData]) -> list[float]:
+    def aggregation_weights(self, data: Sequence[ClientData]) -> list[float]:
         if self.config.weighting == "samples":
             total = sum(d.n_train for d in data)
             return [d.n_train / total for d in data]
         return [1.0 / len(data)] * len(data)
 
-    def shared_names(self) -> list[str]:
-        """Parameters the server averages (all by default; body-only or head-only methods narrow it)."""
-        return self.param_names
-
-    def sent_entries(self, client: ClientState) -> int:
-        contrib = self.contribution(client) or {}
-        return sum(int(contrib[n].sum()) if n in contrib else self.numels[n] for n in self.shared_names())
-
-    def aggregate(self, clients: list[ClientState], data: list[ClientData], rnd: int) -> list[int]:
-        """Average what clients send, broadcast it back; returns bytes sent per client (each way)."""
+    def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:
+        """The server: average what the participants send, broadcast it back to them."""
         contribs = [self.contribution(c) for c in clients]
         self.global_state.update(masked_average(
             self.global_state, [c.state for c in clients], contribs,
             self.aggregation_weights(data), self.shared_names()))
         for client in clients:
             self.receive(client)
-        return [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
+        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
+        return Traffic(up=sent, down=list(sent))
+
+    def mix_neighbours(self, clients: Sequence[ClientState], data: Sequence[ClientData],
+                       graph: dict[int, list[int]], rnd: int) -> Traffic:
+        """Server-less step: client k becomes the masked average of itself and its neighbours
+        `graph[k]`, all taken from one snapshot (synchronous). Where no one contributes an
+        entry, k keeps its own value. k receives each neighbour's sent entries; each client
+        sends its entries once per client that pulls from it."""
+        snapshot = [c.state for c in clients]
+        contribs = [self.contribution(c) for c in clients]
+        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
+        up, down = [0] * len(clients), [0] * len(clients)
+        mixed = {}
+        for k, others in graph.items():
+            group = [k, *others]
+            mixed[k] = masked_average(snapshot[k], [snapshot[j] for j in group], [contribs[j] for j in group],
+                                      self.aggregation_weights([data[j] for j in group]), self.shared_names())
+            for j in others:
+                up[j] += sent[j]
+                down[k] += sent[j]
+        for k, values in mixed.items():
+            clients[k].state = clients[k].state | values
+        return Traffic(up=up, down=down)
 
     def receive(self, client: ClientState) -> None:
         """Write the broadcast shared parameters into the client (buffers stay local)."""
         for n in self.shared_names():
             client.state[n] = self.global_state[n].clone()
 
-    def personalized_state(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+    def sent_entries(self, client: ClientState) -> int:
+        contrib = self.contribution(client) or {}
+        return sum(int(contrib[n].sum()) if n in contrib else self.numels[n] for n in self.shared_names())
+
+    # ================================================================ hooks: evaluation
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State | Predictor:
+        """`acc_from = "custom"`: the model evaluated as client k's, a state or a predictor."""
         raise NotImplementedError(f"{self.name} evaluates acc_{self.acc_from}, not a custom model")
 
     def personal_fraction(self, client: ClientState) -> float:
@@ -135,9 +208,41 @@ class Algorithm:
         shared = set(self.shared_names())
         return sum(v for n, v in self.numels.items() if n not in shared) / sum(self.numels.values())
 
-    # ---------------------------------------------------------------- save / restore
+    # ================================================================ hooks: save / restore
     def state_dict(self) -> dict[str, Any]:
         return {"global_state": self.global_state}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.global_state = d["global_state"]
+
+    # ================================================================ helpers
+    def full_update(self) -> UpdateSpec:
+        return {n: None for n in self.param_names}
+
+    def lr(self, rnd: int) -> float:
+        """The learning rate of round `rnd` under the run's schedule."""
+        return self.config.lr_at(rnd)
+
+    def train_pass(self, k: int, client: ClientState, data: ClientData, rnd: int, epoch: int,
+                   update: UpdateSpec, purpose: str, stats: LocalStats, **options: Any) -> None:
+        """One pass of SGD on client k's training data, changing what `update` allows.
+
+        The batch order depends on (seed, round, client, epoch, purpose) only, so two methods that
+        make the same pass see the same batches. `options` go to `LocalTrainer.train_pass`
+        (`loss_fn`, `prox`, `lr`; the lr defaults to the round's scheduled one).
+        """
+        seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
+        lr = self.lr(rnd)
+        if lr != self.trainer.sgd.lr:  # a scheduled round: override the trainer's base lr
+            options.setdefault("lr", lr)
+        client.state, loss, n = self.trainer.train_pass(client.state, data.x_train, data.y_train, update, seed,
+                                                        **options)
+        stats.loss_sum += loss
+        stats.samples += n
+
+    def run_epochs(self, k: int, client: ClientState, data: ClientData, rnd: int, epochs: int,
+                   update: UpdateSpec, purpose: str = "global", **options: Any) -> LocalStats:
+        stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
+        for epoch in range(epochs):
+            self.train_pass(k, client, data, rnd, epoch, update, purpose, stats, **options)
+        return stats

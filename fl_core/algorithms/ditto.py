@@ -25,13 +25,25 @@ strong attacks) and uses a fixed λ = 1 in its clean runs; `ditto_lambda` is one
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..client_state import ClientState
 from ..data import ClientData
+from ..knobs import MethodParams, knob
 from ..training import State
-from .base import Algorithm, ClientState, LocalStats
+from .base import Algorithm, LocalStats
+
+
+@dataclass(frozen=True)
+class DittoParams(MethodParams):
+    ditto_lambda: float = knob(1.0, "weight λ of the proximal term λ/2·||v - w||² of the personal model "
+                               "(1 = the paper's clean-data setting)", low=0)
 
 
 class Ditto(Algorithm):
     name = "ditto"
+    display = "Ditto"
+    Params = DittoParams
     acc_from = "custom"
 
     def init_client(self, k: int, init: State) -> ClientState:
@@ -43,16 +55,16 @@ class Ditto(Algorithm):
         epochs = self.config.local_epochs
         received = {n: client.state[n].clone() for n in self.param_names}  # w^t, the prox anchor
         # Global part: plain local SGD on w, exactly FedAvg's client step.
-        stats = self.run_epochs(client, data, rnd, k, epochs, self.full_update())
+        stats = self.run_epochs(k, client, data, rnd, epochs, self.full_update())
         # Personal part: SGD on F_k(v) + λ/2 ||v - w^t||², same batches as the global passes.
         personal = ClientState(state=client.extra["personal"])
-        pstats = self.run_epochs(personal, data, rnd, k, epochs, self.full_update(), purpose="global",
-                                 prox=(self.config.ditto_lambda, received))
+        pstats = self.run_epochs(k, personal, data, rnd, epochs, self.full_update(), purpose="global",
+                                 prox=(self.params.ditto_lambda, received))
         client.extra["personal"] = personal.state
         # Reported loss: the mean cross-entropy over both kinds of pass (the prox term is not in it).
         return LocalStats(stats.loss_sum + pstats.loss_sum, stats.samples + pstats.samples)
 
-    def personalized_state(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
         return client.extra["personal"]
 
     def personal_fraction(self, client: ClientState) -> float:

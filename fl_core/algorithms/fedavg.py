@@ -12,4 +12,5 @@ from .base import Algorithm
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    display = "FedAvg"
     acc_from = "global"

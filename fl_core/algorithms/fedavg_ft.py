@@ -8,16 +8,27 @@ un-tuned global model.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..client_state import ClientState
 from ..data import ClientData
+from ..knobs import MethodParams, knob
 from ..training import State
-from .base import Algorithm, ClientState
+from .base import Algorithm
+
+
+@dataclass(frozen=True)
+class FineTuneParams(MethodParams):
+    ft_epochs: int = knob(1, "fine-tuning epochs before each evaluation", low=0)
 
 
 class FedAvgFT(Algorithm):
     name = "fedavg_ft"
+    display = "FedAvg+FT"
+    Params = FineTuneParams
     acc_from = "custom"
 
-    def personalized_state(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
         tuned = ClientState(state=dict(client.state))
-        self.run_epochs(tuned, data, rnd, k, self.config.ft_epochs, self.full_update(), purpose="finetune")
+        self.run_epochs(k, tuned, data, rnd, self.params.ft_epochs, self.full_update(), purpose="finetune")
         return tuned.state

@@ -15,23 +15,27 @@ epoch: use a smaller lr or more `ft_epochs` than FedAvg+FT needs.
 """
 from __future__ import annotations
 
+from ..client_state import ClientState
 from ..data import ClientData
 from ..training import State
-from .base import Algorithm, ClientState, LocalStats
+from .base import Algorithm, LocalStats
+from .fedavg_ft import FineTuneParams
 
 
 class FedBABU(Algorithm):
     name = "fedbabu"
+    display = "FedBABU"
+    Params = FineTuneParams
     acc_from = "custom"
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         body_only = {n: None for n in self.body_names}
-        return self.run_epochs(client, data, rnd, k, self.config.local_epochs, body_only)
+        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, body_only)
 
     def shared_names(self) -> list[str]:
         return self.body_names
 
-    def personalized_state(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
         tuned = ClientState(state=dict(client.state))  # train_pass returns new tensors: no aliasing
-        self.run_epochs(tuned, data, rnd, k, self.config.ft_epochs, self.full_update(), purpose="finetune")
+        self.run_epochs(k, tuned, data, rnd, self.params.ft_epochs, self.full_update(), purpose="finetune")
         return tuned.state

@@ -59,11 +59,21 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from dataclasses import dataclass
+
+from ..client_state import ClientState
 from ..data import ClientData
+from ..knobs import MethodParams, knob
 from ..masks import masked_average
 from ..models import head_module
 from ..training import State, load_state
-from .base import BYTES_PER_ENTRY, Algorithm, ClientState, LocalStats
+from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
+
+
+@dataclass(frozen=True)
+class FedPACParams(MethodParams):
+    fedpac_lambda: float = knob(1.0, "weight λ of the feature-alignment loss (a mean over batch and feature "
+                                "entries, as the authors' MSELoss)", low=0)
 
 
 # ---------------------------------------------------------------------------- the pieces, pure functions
@@ -194,22 +204,24 @@ class _FeatureTap:
 # ---------------------------------------------------------------------------- the algorithm
 class FedPAC(Algorithm):
     name = "fedpac"
+    display = "FedPAC"
+    Params = FedPACParams
     acc_from = "global"
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)
         self.head = head_module(trainer.model, model_name)
         self.num_classes, self.feature_dim = self.head.weight.shape
-        self.lam = config.fedpac_lambda
+        self.lam = self.params.fedpac_lambda
         self.global_protos: Tensor | None = None   # C × d, float32
         self.known: Tensor | None = None           # C bools: class has a global prototype
         self.alpha: Tensor | None = None           # N × N combination weights of the last round
 
-    def setup(self, init: State, num_clients: int) -> list[ClientState]:
+    def setup(self, init: State, clients: list[ClientInfo]) -> list[ClientState]:
         device = next(iter(init.values())).device
         self.global_protos = torch.zeros(self.num_classes, self.feature_dim, device=device)
         self.known = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
-        return super().setup(init, num_clients)
+        return super().setup(init, clients)
 
     def shared_names(self) -> list[str]:
         return self.body_names
@@ -246,12 +258,12 @@ class FedPAC(Algorithm):
         _, _, h, v = class_statistics(z, data.y_train, self.num_classes)
         client.extra["stat_h"], client.extra["stat_v"] = h, float(v)
         # 1. the head, extractor frozen
-        stats = self.run_epochs(client, data, rnd, k, 1, {n: None for n in self.head_names}, purpose="head")
+        stats = self.run_epochs(k, client, data, rnd, 1, {n: None for n in self.head_names}, purpose="head")
         # 2. the extractor, head frozen, with feature alignment
         options = {}
         if self.lam > 0 and bool(self.known.any()):
             options["loss_fn"] = self.alignment_objective(self.global_protos, self.known)
-        body = self.run_epochs(client, data, rnd, k, self.config.local_epochs, {n: None for n in self.body_names},
+        body = self.run_epochs(k, client, data, rnd, self.config.local_epochs, {n: None for n in self.body_names},
                                purpose="body", **options)
         stats.loss_sum += body.loss_sum
         stats.samples += body.samples
@@ -275,7 +287,7 @@ class FedPAC(Algorithm):
                 rows.append(torch.eye(n, dtype=torch.float64)[i])
         return torch.stack(rows)
 
-    def aggregate(self, clients: list[ClientState], data: list[ClientData], rnd: int) -> list[int]:
+    def aggregate(self, clients: list[ClientState], data: list[ClientData], rnd: int) -> Traffic:
         # extractor
         self.global_state.update(masked_average(
             self.global_state, [c.state for c in clients], [None] * len(clients),
@@ -295,7 +307,11 @@ class FedPAC(Algorithm):
             for n, stacked in heads.items():
                 client.state[n] = torch.tensordot(weights, stacked, dims=1)
         entries = sum(self.numels[n] for n in self.param_names) + self.num_classes * self.feature_dim
-        return [entries * BYTES_PER_ENTRY] * len(clients)
+        # Up: extractor, head and the C·d prototypes, plus the collaboration statistics h_i (C·d)
+        # and V_i (1) and the class counts (C); down: extractor, combined head, global prototypes.
+        down = entries * BYTES_PER_ENTRY
+        up = down + (self.num_classes * self.feature_dim + 1 + self.num_classes) * BYTES_PER_ENTRY
+        return Traffic(up=[up] * len(clients), down=[down] * len(clients))
 
     # ---------------------------------------------------------------- save / restore
     def state_dict(self) -> dict[str, Any]:

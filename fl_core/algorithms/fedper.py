@@ -16,6 +16,7 @@ from .base import Algorithm
 
 class FedPer(Algorithm):
     name = "fedper"
+    display = "FedPer"
     acc_from = "global"
 
     def shared_names(self) -> list[str]:

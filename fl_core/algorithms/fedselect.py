@@ -25,24 +25,54 @@ not aggregated.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..config import ConfigError
+from ..client_state import ClientState
 from ..data import ClientData
+from ..knobs import ConfigError, MethodParams, knob
 from ..masks import grow_count, personal_fraction, select_largest
 from ..models import block_of
 from ..training import State, derive_seed
-from .base import Algorithm, ClientState, LocalStats
+from .base import Algorithm, LocalStats
+
+VARIANTS = ("gradselect", "personalize_least", "layer", "random")
+BLOCKS = ("A", "B", "C", "D")
+VARIANT_LABELS = {"personalize_least": "personalize least", "random": "random"}
+
+
+@dataclass(frozen=True)
+class FedSelectParams(MethodParams):
+    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round", low=0, high=1)
+    pers_limit: float = knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor", low=0, high=1)
+    select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every parameter)",
+                              choices=("weights", "all"))
+    fedselect_mode: str = knob("default", "semantics: default (DESIGN.md) or faithful (the public reference code)",
+                               choices=("default", "faithful"))
+    mask_every: int = knob(1, "faithful mode: grow the mask every k rounds", low=1)
+    fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; personalize_least = "
+                                  "smallest |Δ|; layer = one whole block; random = random entries", choices=VARIANTS)
+    layer_block: str = knob("A", "layer ablation: the block made personal (A-D, see fl_core/models.py)", choices=BLOCKS)
+
+    def label(self, display: str) -> str:
+        if self.fedselect_variant == "gradselect":
+            return display
+        if self.fedselect_variant == "layer":
+            return f"{display} (layer {self.layer_block})"
+        return f"{display} ({VARIANT_LABELS[self.fedselect_variant]})"
 
 
 class FedSelect(Algorithm):
     name = "fedselect"
+    display = "FedSelect"
+    Params = FedSelectParams
     acc_from = "local"
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)
-        self.faithful = config.fedselect_mode == "faithful"
-        if config.select_params == "all":
+        self.faithful = self.params.fedselect_mode == "faithful"
+        if self.params.select_params == "all":
             self.selectable = list(self.param_names)
         else:  # conv, linear and BatchNorm-gamma weights; biases and BN beta stay global
             self.selectable = [n for n in self.param_names if n.endswith("weight")]
@@ -50,8 +80,8 @@ class FedSelect(Algorithm):
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
         client.mask = {n: torch.zeros_like(init[n], dtype=torch.bool) for n in self.selectable}
-        if self.config.fedselect_variant == "layer":
-            block = self.config.layer_block
+        if self.params.fedselect_variant == "layer":
+            block = self.params.layer_block
             if not any(block_of(self.model_name, n) == block for n in self.param_names):
                 raise ConfigError(f"layer_block={block!r} names no parameter of model {self.model_name}")
             client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
@@ -61,13 +91,13 @@ class FedSelect(Algorithm):
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        every = self.config.mask_every if self.faithful else 1
+        every = self.params.mask_every if self.faithful else 1
         if (rnd - 1) % every == 0:  # start of a mask period: remember where LocalAlt started
             client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)
         if rnd % every == 0:
             reference = client.extra.pop("reference")
-            if self.config.fedselect_variant != "layer":
+            if self.params.fedselect_variant != "layer":
                 self.grad_select(client, reference, rnd, k)
         return stats
 
@@ -79,12 +109,12 @@ class FedSelect(Algorithm):
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
         for epoch in range(self.config.local_epochs):
             if has_personal:  # with nothing personal the pass would change nothing but BN statistics
-                self.train_pass(client, data, rnd, k, epoch, personal_pass, "personal", stats)
-            self.train_pass(client, data, rnd, k, epoch, global_pass, "global", stats)
+                self.train_pass(k, client, data, rnd, epoch, personal_pass, "personal", stats)
+            self.train_pass(k, client, data, rnd, epoch, global_pass, "global", stats)
         return stats
 
     def next_fraction(self, f: float) -> float:
-        p, alpha = self.config.pers_rate, self.config.pers_limit
+        p, alpha = self.params.pers_rate, self.params.pers_limit
         if self.faithful:
             return f + p * (1.0 - f) if f < alpha else f
         return min(alpha, f + p * (1.0 - f))
@@ -102,7 +132,7 @@ class FedSelect(Algorithm):
 
     def selection_scores(self, delta: torch.Tensor, rnd: int, k: int, name: str) -> torch.Tensor:
         """Non-negative scores; the highest become personal. GradSelect: |Δ|; ablations differ."""
-        variant = self.config.fedselect_variant
+        variant = self.params.fedselect_variant
         if variant == "personalize_least":
             magnitude = delta.abs()
             return magnitude.max() - magnitude

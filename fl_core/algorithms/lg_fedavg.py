@@ -16,6 +16,7 @@ from .base import Algorithm
 
 class LGFedAvg(Algorithm):
     name = "lg_fedavg"
+    display = "LG-FedAvg"
     acc_from = "global"
 
     def shared_names(self) -> list[str]:

@@ -10,5 +10,6 @@ from .base import Algorithm
 
 class Local(Algorithm):
     name = "local"
+    display = "Local"
     acc_from = "local"
     communicates = False

@@ -12,9 +12,10 @@ local SGD updates only unpruned entries and the broadcast is written into unprun
 ClientUpdate in round t, as in the paper's Algorithm 1:
   1. The client holds the global model restricted to its mask, θ^t ⊙ m_k (what it received at
      the end of the previous round; the initial model in round 1). It measures that model's
-     accuracy on its local validation data (the official code: on the client's held-out data).
-     Our clients have no validation split and their test data must not steer training, so the
-     client's *training* data stands in for it (`extra["val_acc"]`).
+     accuracy on its local validation data (the official code: on the client's held-out data):
+     the client's validation split when the run has one (`val_fraction` > 0), else its
+     *training* data (test data must never steer training). Reported as the per-client metric
+     `lottery_val_acc`, with the pruning rate `lottery_sparsity`.
   2. If that accuracy is strictly above `lottery_acc_threshold` (acc > acc_threshold, as in the
      paper and its official code: a model that only predicts one class of a balanced two-class
      client, accuracy 0.5, does not count as good at the default 0.5; and threshold 1.0 never
@@ -47,14 +48,25 @@ EMNIST, 0.1 on CIFAR-10; and their r_target ("prune_end_rate") is the share of w
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..client_state import ClientState
 from ..data import ClientData
+from ..knobs import MethodParams, knob
 from ..masks import personal_fraction
 from ..training import State
-from .base import Algorithm, ClientState, LocalStats
+from .base import Algorithm, ClientInfo, LocalStats
+
+
+@dataclass(frozen=True)
+class LotteryFLParams(MethodParams):
+    lottery_acc_threshold: float = knob(0.5, "prune only while local accuracy is above this (1 = never prune)", low=0, high=1)
+    lottery_prune_step: float = knob(0.2, "share of the remaining weights pruned per pruning step", low=0, high=1)
+    lottery_target_sparsity: float = knob(0.5, "stop pruning at this share of pruned weights (paper: 0.5 CIFAR-10, 0.9 MNIST)",
+                                          low=0, high=1)
 
 
 def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
@@ -76,6 +88,8 @@ def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
 
 class LotteryFL(Algorithm):
     name = "lotteryfl"
+    display = "LotteryFL"
+    Params = LotteryFLParams
     acc_from = "local"
 
     def __init__(self, config, trainer, model_name) -> None:
@@ -83,11 +97,11 @@ class LotteryFL(Algorithm):
         self.prunable = [n for n in self.param_names if n.endswith("weight")]
         self.initial: State = {}
 
-    def setup(self, init: State, num_clients: int) -> list[ClientState]:
+    def setup(self, init: State, clients: list[ClientInfo]) -> list[ClientState]:
         # θ^0 for the resets. Not part of `state_dict`: a restored Simulation is built from the
         # same config (same seed), so `setup` recomputes exactly these values before restoring.
         self.initial = {n: init[n].clone() for n in self.param_names}
-        return super().setup(init, num_clients)
+        return super().setup(init, clients)
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
@@ -99,11 +113,11 @@ class LotteryFL(Algorithm):
     # ---------------------------------------------------------------- pruning schedule
     def cap(self, name: str) -> int:
         """Most entries of a tensor that may be pruned: never beyond the target sparsity."""
-        return math.floor(self.config.lottery_target_sparsity * self.numels[name])
+        return math.floor(self.params.lottery_target_sparsity * self.numels[name])
 
     def prune_counts(self, client: ClientState) -> dict[str, int]:
         """Entries each prunable tensor loses in one pruning step (0 where it is at the target)."""
-        step = self.config.lottery_prune_step
+        step = self.params.lottery_prune_step
         counts = {}
         for n in self.prunable:
             done = int(client.mask[n].sum())
@@ -129,15 +143,18 @@ class LotteryFL(Algorithm):
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        acc = self.trainer.evaluate(client.state, data.x_train, data.y_train) / data.n_train
+        x, y = (data.x_val, data.y_val) if data.n_val else (data.x_train, data.y_train)
+        acc = self.trainer.evaluate(client.state, x, y) / y.shape[0]
         client.extra["val_acc"] = acc
-        if acc > self.config.lottery_acc_threshold:
+        if acc > self.params.lottery_acc_threshold:
             counts = self.prune_counts(client)
             if any(counts.values()):
                 self.prune_and_reset(client, counts)
         update = {n: (~client.mask[n]).to(torch.float32) if n in client.mask else None
                   for n in self.param_names}
-        return self.run_epochs(client, data, rnd, k, self.config.local_epochs, update)
+        stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update)
+        stats.metrics = {"lottery_sparsity": client.extra["sparsity"], "lottery_val_acc": acc}
+        return stats
 
     # ---------------------------------------------------------------- server side
     def receive(self, client: ClientState) -> None:

@@ -18,16 +18,28 @@ from .sources import load_source
 
 @dataclass
 class ClientData:
-    """One client's train and test tensors."""
+    """One client's train, validation and test tensors (validation is empty unless the run
+    holds out `val_fraction` of each client's training samples)."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.x_val is None:
+            self.x_val = self.x_train[:0]
+            self.y_val = self.y_train[:0]
 
     @property
     def n_train(self) -> int:
         return int(self.y_train.shape[0])
+
+    @property
+    def n_val(self) -> int:
+        return int(self.y_val.shape[0])
 
     @property
     def n_test(self) -> int:
@@ -35,8 +47,8 @@ class ClientData:
 
     def to(self, device) -> "ClientData":
         """A copy with all tensors on ``device``."""
-        return ClientData(self.x_train.to(device), self.y_train.to(device),
-                          self.x_test.to(device), self.y_test.to(device))
+        return ClientData(self.x_train.to(device), self.y_train.to(device), self.x_test.to(device),
+                          self.y_test.to(device), self.x_val.to(device), self.y_val.to(device))
 
 
 @dataclass
@@ -46,22 +58,46 @@ class FederatedData:
     clients: list[ClientData]
     num_classes: int
     input_shape: tuple[int, int, int]
-    train_hist: np.ndarray  # (num_clients, num_classes) int64 train label counts
+    train_hist: np.ndarray  # (num_clients, num_classes) int64 train label counts (validation excluded)
     test_hist: np.ndarray  # (num_clients, num_classes) int64 test label counts
+    val_hist: np.ndarray | None = None  # (num_clients, num_classes) int64 validation label counts
+
+    def __post_init__(self) -> None:
+        if self.val_hist is None:
+            self.val_hist = np.zeros_like(self.train_hist)
 
     def to(self, device) -> "FederatedData":
         """A copy with every client's tensors on ``device`` (histograms are shared)."""
         return FederatedData([c.to(device) for c in self.clients], self.num_classes,
-                             self.input_shape, self.train_hist, self.test_hist)
+                             self.input_shape, self.train_hist, self.test_hist, self.val_hist)
+
+
+def load_data(config) -> FederatedData:
+    """The data of a run: `config.data_spec()` (the data knobs of fl_core/config.py) decides it."""
+    return build_federated_data(**config.data_spec())
+
+
+def split_validation(n: int, fraction: float, seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (train, validation) of a client's n training samples: a seeded random
+    ⌊fraction·n⌋ (at least 1 when fraction > 0 and n >= 2) become validation."""
+    n_val = int(np.floor(fraction * n))
+    if fraction > 0 and n >= 2:
+        n_val = min(max(n_val, 1), n - 1)
+    order = np.random.default_rng([seed, k, 0x7A1]).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
 def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed: int,
                          shards_per_client: int = 2, dir_alpha: float = 0.5,
                          samples_per_client: int | None = None,
                          test_samples_per_client: int | None = None,
-                         min_samples: int = 10, data_root=None,
+                         min_samples: int = 10, val_fraction: float = 0.0, data_root=None,
                          download: bool = False) -> FederatedData:
-    """Load ``dataset``, split it with scheme ``partition`` and return per-client tensors."""
+    """Load ``dataset``, split it with scheme ``partition`` and return per-client tensors.
+
+    With ``val_fraction`` > 0 each client's training indices (after partition and caps) are split
+    once more into train and validation (`split_validation`); with 0 nothing changes.
+    """
     data = load_source(dataset, data_root=data_root, download=download)
     y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
     splits = make_partition(
@@ -70,16 +106,21 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
         dir_alpha=dir_alpha, samples_per_client=samples_per_client,
         test_samples_per_client=test_samples_per_client, min_samples=min_samples)
 
-    clients = []
-    for split in splits:
-        tr, te = torch.from_numpy(split.train), torch.from_numpy(split.test)
+    clients, train_idx, val_idx = [], [], []
+    for k, split in enumerate(splits):
+        train, val = split.train, split.train[:0]
+        if val_fraction > 0:
+            keep, held = split_validation(len(split.train), val_fraction, seed, k)
+            train, val = split.train[keep], split.train[held]
+        train_idx.append(train)
+        val_idx.append(val)
+        tr, va, te = torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(split.test)
         # Advanced indexing copies, so every client owns contiguous tensors.
-        clients.append(ClientData(data.x_train[tr], data.y_train[tr],
-                                  data.x_test[te], data.y_test[te]))
+        clients.append(ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te],
+                                  data.x_train[va], data.y_train[va]))
 
-    def hist(y, idx_of):
-        return np.stack([np.bincount(y[idx_of(s)], minlength=data.num_classes)
-                         for s in splits]).astype(np.int64)
+    def hist(y, indices):
+        return np.stack([np.bincount(y[i], minlength=data.num_classes) for i in indices]).astype(np.int64)
 
-    return FederatedData(clients, data.num_classes, data.input_shape,
-                         hist(y_train, lambda s: s.train), hist(y_test, lambda s: s.test))
+    return FederatedData(clients, data.num_classes, data.input_shape, hist(y_train, train_idx),
+                         hist(y_test, [s.test for s in splits]), hist(y_train, val_idx))

@@ -1,0 +1,190 @@
+"""Knobs: typed dataclass fields with help, allowed values and bounds, declared beside the code
+that uses them (common knobs in `config.py`, each method's in its algorithm file).
+
+One declaration serves everything: validation (`check_fields` gives one error naming the value
+and what is allowed), the CLIs (`add_knob_arguments` builds argparse flags for
+`python -m fl_core` and for every study), the config hash, Parquet columns and MLflow params.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A knob has a value outside what is allowed; the message names both."""
+
+
+def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
+         high: float | None = None, low_open: bool = False, high_open: bool = False, data: bool = False,
+         semantic: bool = True) -> Any:
+    """A dataclass field with its help and what is allowed.
+
+    `low`/`high` bound numbers (closed unless `low_open`/`high_open`); `None` is allowed only when
+    the type says so. `data=True` marks a knob that decides the client data (the data spec);
+    `semantic=False` one that changes where or how fast a run happens, not what it computes (left
+    out of the config hash, the Parquet rows and the MLflow params).
+    """
+    metadata = dict(help=help, choices=choices, low=low, high=high, low_open=low_open, high_open=high_open,
+                    data=data, semantic=semantic)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _meta(f: dataclasses.Field) -> dict[str, Any]:
+    return f.metadata or {}
+
+
+def knob_fields(cls_or_obj) -> list[dataclasses.Field]:
+    """The knob fields of a knob dataclass (fields declared with `knob`)."""
+    return [f for f in dataclasses.fields(cls_or_obj) if "help" in _meta(f)]
+
+
+def base_type(cls, f: dataclasses.Field) -> tuple[type, bool]:
+    """(int | float | str | bool | tuple, nullable) of a knob field."""
+    hint = typing.get_type_hints(cls)[f.name]
+    args = typing.get_args(hint)
+    nullable = type(None) in args
+    kinds = [a for a in args if a is not type(None)] or [hint]
+    kind = typing.get_origin(kinds[0]) or kinds[0]
+    return kind, nullable
+
+
+def check_fields(obj) -> None:
+    """Check every knob of `obj` against its declaration; raise one ConfigError naming the first
+    bad value and what is allowed."""
+    for f in knob_fields(obj):
+        meta, value = _meta(f), getattr(obj, f.name)
+        kind, nullable = base_type(type(obj), f)
+        if value is None:
+            if not nullable:
+                raise ConfigError(f"{f.name}=None is not allowed; give a {kind.__name__}")
+            continue
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{f.name}={value!r} must be true or false")
+            continue
+        if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                     or (kind is int and not float(value).is_integer())):
+            raise ConfigError(f"{f.name}={value!r} must be {'an integer' if kind is int else 'a number'}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{f.name}={value!r} must be a finite number")
+        if meta.get("choices") and value not in meta["choices"]:
+            raise ConfigError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None and (value <= low if meta.get("low_open") else value < low):
+            raise ConfigError(f"{f.name}={value!r} is outside the allowed range {describe_range(meta)}")
+        if high is not None and (value >= high if meta.get("high_open") else value > high):
+            raise ConfigError(f"{f.name}={value!r} is outside the allowed range {describe_range(meta)}")
+
+
+def describe_range(meta: dict[str, Any]) -> str:
+    low, high = meta.get("low"), meta.get("high")
+    left = "(" if meta.get("low_open") or low is None else "["
+    right = ")" if meta.get("high_open") or high is None else "]"
+    return f"{left}{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}{right}"
+
+
+def normalise(obj) -> None:
+    """Store ints given for float knobs as floats (so 1 and 1.0 hash alike) and lists as tuples."""
+    for f in knob_fields(obj):
+        value = getattr(obj, f.name)
+        kind, _ = base_type(type(obj), f)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(obj, f.name, float(value))
+        elif kind is tuple and isinstance(value, list):
+            object.__setattr__(obj, f.name, tuple(value))
+
+
+# ---------------------------------------------------------------------------- method parameters
+@dataclass(frozen=True)
+class MethodParams:
+    """Base of a method's own knobs. A method declares a frozen subclass with `knob` fields and may
+    override `validate` (cross-field checks) and `label` (how the method is named in tables)."""
+
+    def __post_init__(self) -> None:
+        normalise(self)
+        check_fields(self)
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks beyond one field's range; raise ConfigError."""
+
+    def label(self, display: str) -> str:
+        """The method's name in tables and legends, from its display name (e.g. `FedSelect` ->
+        `FedSelect (layer B)` for an ablation)."""
+        return display
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in knob_fields(self)}
+
+
+@dataclass(frozen=True)
+class NoParams(MethodParams):
+    """A method without knobs of its own."""
+
+
+# ---------------------------------------------------------------------------- command lines
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
+
+
+def add_knob_arguments(group, cls, *, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
+                       suppress_defaults: bool = False, many: tuple[str, ...] = ()) -> list[str]:
+    """Add one flag per knob of dataclass `cls` to an argparse parser or group.
+
+    Flags are the knob names with dashes; help shows the allowed values and the default.
+    `suppress_defaults=True` leaves a flag out of the parsed namespace unless it is given (method
+    knobs: only given values are passed on, so a run's other-method knobs never appear).
+    Knobs named in `many` take one or more values (a study's swept axes). Returns the knob names added.
+    """
+    added = []
+    defaults = defaults or {}
+    for f in knob_fields(cls):
+        if f.name in skip:
+            continue
+        meta = _meta(f)
+        kind, nullable = base_type(cls, f)
+        default = defaults.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        allowed = ""
+        if meta.get("choices"):
+            allowed = f"; one of {', '.join(map(str, meta['choices']))}"
+        elif meta.get("low") is not None or meta.get("high") is not None:
+            allowed = f"; in {describe_range(meta)}"
+        shown = "none" if default is None else (" ".join(map(str, default)) if isinstance(default, tuple) else default)
+        help_text = f"{meta['help']}{allowed} (default: {shown})".replace("%", "%%")
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"help": help_text, "dest": f.name,
+                                  "default": argparse.SUPPRESS if suppress_defaults else default}
+        if kind is tuple:
+            kwargs |= {"type": int, "nargs": "*", "metavar": "N"}
+        elif kind is bool and default is False and f.name not in many:
+            kwargs["action"] = "store_true"
+        else:
+            parse = _parse_bool if kind is bool else kind
+            kwargs["type"] = _parse_optional(parse) if nullable else parse
+            if f.name in many:
+                kwargs["nargs"] = "+"
+                if not suppress_defaults:
+                    kwargs["default"] = [default]
+            if meta.get("choices"):
+                kwargs["metavar"] = "{" + ",".join(map(str, meta["choices"])) + "}"
+        group.add_argument(flag, **kwargs)
+        added.append(f.name)
+    return added
