@@ -18,14 +18,25 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 def tiny(**overrides) -> RunConfig:
     """A FedSelect run small enough for unit tests (4 clients, synthetic data, 3 rounds)."""
     base = dict(algorithm="fedselect", dataset="synthetic", num_clients=4, partition="shards",
-                shards_per_client=3, rounds=3, batch_size=16, lr=0.05, pers_rate=0.3, pers_limit=0.6,
-                threads=1)
+                shards_per_client=3, rounds=3, batch_size=16, lr=0.05, threads=1)
+    if overrides.get("algorithm", "fedselect") == "fedselect":
+        base |= dict(pers_rate=0.3, pers_limit=0.6)
     return RunConfig(**(base | overrides))
 
 
+def _comparable(value):
+    """NaN never equals itself; compare it as a marker instead."""
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
+
+
 def metrics(results):
-    """Every number of every round except wall-clock seconds."""
-    return [[{k: v for k, v in dataclasses.asdict(c).items() if k != "seconds"} for c in r.clients] for r in results]
+    """Every number of every round except wall-clock seconds (NaN compared as equal)."""
+    return [[{k: _comparable(v) for k, v in dataclasses.asdict(c).items() if k != "seconds"} for c in r.clients]
+            for r in results]
 
 
 def restore_mid_run(config: RunConfig, folder: Path, at: int = 2):

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from fl_core.__main__ import main
-from fl_core.config import RunConfig
+from fl_core.algorithms import ALGORITHMS, params_class
+from fl_core.config import COMMON_KNOBS
 
 from conftest import REPO
 
@@ -41,7 +42,7 @@ def test_cli_writes_rounds_and_clients_parquet(tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--pers-rate", "1.5"], "pers_rate=1.5 is outside the allowed range [0, 1]"),
     (["--pers-limit", "-0.1"], "pers_limit=-0.1 is outside the allowed range [0, 1]"),
-    (["--dir-alpha", "0"], "dir_alpha=0.0 must be > 0"),
+    (["--dir-alpha", "0"], "dir_alpha=0.0 is outside the allowed range (0, inf)"),
     (["--dataset", "imagenet"], "dataset='imagenet' is not allowed; choose one of digits, mnist, cifar10, synthetic"),
     (["--model", "vgg"], "model='vgg' is not allowed"),
     (["--algorithm", "fedprox"], "algorithm='fedprox' is not allowed"),
@@ -58,9 +59,22 @@ def test_bad_values_exit_2_with_one_clear_error_before_any_work(tmp_path, capsys
     assert not out_dir.exists()
 
 
-def test_help_documents_every_knob():
+def test_help_documents_every_knob_of_every_method_with_its_default():
     help_text = subprocess.run([sys.executable, "-m", "fl_core", "--help"], capture_output=True, text=True,
                                cwd=REPO, check=True).stdout
-    for f in dataclasses.fields(RunConfig):
-        assert "--" + f.name.replace("_", "-") in help_text, f.name
+    flat = " ".join(help_text.split())  # argparse wraps lines
+    for name in COMMON_KNOBS:
+        assert "--" + name.replace("_", "-") in help_text, name
+    for algorithm in ALGORITHMS:
+        for f in dataclasses.fields(params_class(algorithm)):
+            assert "--" + f.name.replace("_", "-") in help_text, (algorithm, f.name)
+    assert "fedselect knobs" in help_text and "fedavg_ft knobs (also used by fedbabu)" in help_text
+    assert "(default: 0.25)" in flat and "(default: 20)" in flat  # pers_rate, rounds
     assert "--results" in help_text and "example:" in help_text
+
+
+def test_a_knob_of_another_method_is_refused_naming_its_owner(tmp_path, capsys):
+    assert main(TINY + ["--algorithm", "fedavg", "--pers-rate", "0.3", "--results", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "pers_rate is a knob of fedselect, not of fedavg" in err
+    assert not (tmp_path / "x").exists()

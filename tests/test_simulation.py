@@ -78,8 +78,9 @@ def test_fedselect_and_local_beat_fedavg_on_digits_with_two_shards():
     from fl_core.config import RunConfig
     final = {}
     for algorithm in ("fedselect", "local", "fedavg"):
+        knobs = {"pers_rate": 0.25, "pers_limit": 0.8} if algorithm == "fedselect" else {}
         config = RunConfig(algorithm=algorithm, dataset="digits", partition="shards", shards_per_client=2,
-                           num_clients=10, rounds=20, pers_rate=0.25, pers_limit=0.8, seed=0, threads=1)
+                           num_clients=10, rounds=20, seed=0, threads=1, **knobs)
         final[algorithm] = list(Simulation(config).run())[-1].mean("acc")
     assert final["fedselect"] > final["fedavg"] + 0.25, final
     assert final["local"] > final["fedavg"] + 0.25, final
