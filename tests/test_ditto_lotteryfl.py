@@ -94,7 +94,7 @@ def test_ditto_global_part_is_exactly_fedavg_and_the_personal_model_is_what_is_e
         algo = ditto.algorithm
         for k, (c, d, cd) in enumerate(zip(ditto.clients, ditto.data.clients, rd.clients)):
             before = {n: t.clone() for n, t in c.extra["personal"].items()}
-            state = algo.personalized_state(k, c, d, rd.round)
+            state = algo.personalized_model(k, c, d, rd.round)
             assert cd.acc == ditto.trainer.evaluate(state, d.x_test, d.y_test) / d.n_test
             assert all(torch.equal(before[n], c.extra["personal"][n]) for n in before)
     for name, t in fedavg.algorithm.global_state.items():
@@ -153,7 +153,7 @@ def test_lotteryfl_prunes_the_smallest_weights_and_resets_the_rest_to_the_initia
     assert any(not torch.equal(received[n], algo.initial[n]) for n in algo.param_names)
     seen = {}
 
-    def no_training(c, d, rnd, kk, epochs, update, *args, **kwargs):
+    def no_training(kk, c, d, rnd, epochs, update, *args, **kwargs):
         seen["state"] = {n: t.clone() for n, t in c.state.items()}
         seen["update"] = update
         return LocalStats(torch.zeros(()), 0)
@@ -206,7 +206,7 @@ def test_lotteryfl_averages_only_unpruned_entries_and_sends_only_the_ticket():
     total = sum(algo.numels.values())
     for k, c in enumerate(sim.clients):
         pruned = sum(int(m.sum()) for m in c.mask.values())
-        assert sent[k] == BYTES_PER_ENTRY * (total - pruned)
+        assert sent.up[k] == sent.down[k] == BYTES_PER_ENTRY * (total - pruned)
         assert algo.personal_fraction(c) == pruned / total
         for n in algo.param_names:
             mask = c.mask.get(n)

@@ -195,9 +195,9 @@ def test_head_phase_keeps_the_body_and_body_phase_keeps_the_head():
     calls = []
     run_epochs = algo.run_epochs
 
-    def spy(client, data, rnd, k, epochs, update, purpose="global", **options):
+    def spy(k, client, data, rnd, epochs, update, purpose="global", **options):
         before = snapshot(client.state)
-        stats = run_epochs(client, data, rnd, k, epochs, update, purpose, **options)
+        stats = run_epochs(k, client, data, rnd, epochs, update, purpose, **options)
         calls.append((purpose, epochs, "loss_fn" in options, before, snapshot(client.state)))
         return stats
 
@@ -234,7 +234,9 @@ def test_server_combines_heads_and_averages_the_body():
             assert torch.allclose(client.state[n], sum(s[n] for s in heads_up) / 4, atol=1e-6)
     n_params = sum(t.numel() for t in sim.trainer.params.values())
     for c in results[-1].clients:
-        assert c.bytes_up == c.bytes_down == 4 * (n_params + 10 * algo.feature_dim)
+        # down: body, combined head, the 10 global prototypes; up also h_i (10·d), V_i and 10 class counts
+        assert c.bytes_down == 4 * (n_params + 10 * algo.feature_dim)
+        assert c.bytes_up == c.bytes_down + 4 * (10 * algo.feature_dim + 1 + 10)
         assert c.acc == c.acc_global
 
 

@@ -75,7 +75,7 @@ def test_personal_entries_never_change_through_aggregation_and_global_ones_are_a
             assert torch.equal(c.state[name][~m], algo.global_state[name][~m])  # global: broadcast
     for k, c in enumerate(sim.clients):
         personal = sum(int(m.sum()) for m in c.mask.values())
-        assert sent[k] == (sum(algo.numels.values()) - personal) * BYTES_PER_ENTRY
+        assert sent.up[k] == sent.down[k] == (sum(algo.numels.values()) - personal) * BYTES_PER_ENTRY
 
 
 @pytest.mark.parametrize("knob,clients", [({"pers_rate": 0.0}, 4), ({"pers_limit": 0.0}, 4), ({"pers_rate": 0.0}, 5)])
