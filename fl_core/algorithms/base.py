@@ -175,10 +175,10 @@ class Algorithm:
         up, down = [0] * len(clients), [0] * len(clients)
         mixed = {}
         for k, others in graph.items():
-            group = [k, *others]
+            group = sorted({k, *others})  # in index order: a full graph averages exactly as the server does
             mixed[k] = masked_average(snapshot[k], [snapshot[j] for j in group], [contribs[j] for j in group],
                                       self.aggregation_weights([data[j] for j in group]), self.shared_names())
-            for j in others:
+            for j in set(others) - {k}:
                 up[j] += sent[j]
                 down[k] += sent[j]
         for k, values in mixed.items():
