@@ -12,6 +12,8 @@ from conftest import metrics, restore_mid_run, tiny
     {"algorithm": "fedselect", "momentum": 0.5},
     {"algorithm": "fedselect", "fedselect_mode": "faithful", "mask_every": 2},
     {"algorithm": "fedavg_ft"},
+    {"algorithm": "fedselect", "participation": 0.5, "eval_every": 2, "val_fraction": 0.2, "lr_schedule": "exp",
+     "lr_decay": 0.9},
 ])
 def test_restore_mid_run_continues_bit_identically(tmp_path, overrides):
     restore_mid_run(tiny(rounds=5, **overrides), tmp_path)
