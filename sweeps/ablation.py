@@ -14,26 +14,27 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.config import BLOCKS, FEDSELECT_VARIANTS  # noqa: E402
-from sweeps.study import Study, run_study, trial_grid  # noqa: E402
+from fl_core.algorithms.fedselect import BLOCKS, VARIANTS, FedSelectParams  # noqa: E402
+from sweeps.study import Study, add_axis, run_study, trial_grid  # noqa: E402
+
+AXES = ("fedselect_variant", "layer_block")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    axes = parser.add_argument_group("ablations")
-    axes.add_argument("--variants", nargs="+", default=list(FEDSELECT_VARIANTS),
-                      help=f"FedSelect variants ({', '.join(FEDSELECT_VARIANTS)})")
-    axes.add_argument("--blocks", nargs="+", default=list(BLOCKS), help="blocks for the layer variant (A-D)")
-    axes.add_argument("--pers-rate", type=float, default=0.25, help="FedSelect p")
-    axes.add_argument("--pers-limit", type=float, default=0.8, help="FedSelect α")
+    axes = parser.add_argument_group("ablations (FedSelect's p and α: --pers-rate, --pers-limit below)")
+    add_axis(axes, "--variants", "fedselect_variant", str, VARIANTS, owner=FedSelectParams, dest="variants")
+    add_axis(axes, "--blocks", "layer_block", str, BLOCKS, owner=FedSelectParams, dest="blocks",
+             help="blocks for the layer variant (A-D, see fl_core/models.py)")
 
 
 def grid(args: argparse.Namespace) -> list[dict]:
-    base = {"algorithm": "fedselect", "pers_rate": args.pers_rate, "pers_limit": args.pers_limit}
     variants = []
     for variant in args.variants:
-        blocks = args.blocks if variant == "layer" else ["A"]  # layer_block only matters for `layer`
-        variants += [base | {"fedselect_variant": variant, "layer_block": b} for b in blocks]
-    return trial_grid(args, variants)
+        if variant == "layer":  # layer_block only matters for `layer`; the others keep its default
+            variants += [{"algorithm": "fedselect", "fedselect_variant": variant, "layer_block": b} for b in args.blocks]
+        else:
+            variants.append({"algorithm": "fedselect", "fedselect_variant": variant})
+    return trial_grid(args, variants, AXES)
 
 
 STUDY = Study(
@@ -41,9 +42,9 @@ STUDY = Study(
     description=__doc__.split("\n\n")[0],
     add_arguments=add_arguments,
     grid=grid,
-    search_space=None,
     columns={"fedselect_variant": "variant", "layer_block": "block", "dataset": "data", "partition": "split",
              "dir_alpha": "Dir α"},
+    axes=AXES,
     # 5 local epochs (ours), as in the baselines study, so that Tables 1 and 3 share one setting.
     defaults={"partition": ["shards", "dirichlet"], "dir_alpha": [0.1], "local_epochs": [5]},
 )

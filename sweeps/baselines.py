@@ -15,21 +15,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.config import ALGORITHMS  # noqa: E402
+from fl_core.algorithms import ALGORITHMS  # noqa: E402
 from sweeps.study import Study, run_study, trial_grid  # noqa: E402
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     methods = parser.add_argument_group("methods")
-    methods.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
-                         help=f"methods to compare (default: all: {', '.join(ALGORITHMS)})")
-    methods.add_argument("--pers-rate", type=float, default=0.25, help="FedSelect p")
-    methods.add_argument("--pers-limit", type=float, default=0.8, help="FedSelect α")
+    methods.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), metavar="ALGORITHM",
+                         help=f"methods to compare, each with its own knobs (the method flags below; FedSelect: "
+                              f"p = 0.25, α = 0.8 by default) (default: all: {' '.join(ALGORITHMS)})")
 
 
 def grid(args: argparse.Namespace) -> list[dict]:
-    return trial_grid(args, [{"algorithm": a, "pers_rate": args.pers_rate, "pers_limit": args.pers_limit}
-                             for a in args.algorithms])
+    return trial_grid(args, [{"algorithm": a} for a in args.algorithms])
 
 
 STUDY = Study(
@@ -37,7 +35,6 @@ STUDY = Study(
     description=__doc__.split("\n\n")[0],
     add_arguments=add_arguments,
     grid=grid,
-    search_space=None,
     columns={"algorithm": "algo", "dataset": "data", "partition": "split", "dir_alpha": "Dir α"},
     # 5 local epochs (ours): with 1, several baselines (FedPer, FedBABU, LotteryFL) are still far
     # from converged after 20 rounds on digits, and the table would compare convergence speed.

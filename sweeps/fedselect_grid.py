@@ -1,7 +1,7 @@
 """FedSelect grid: personalization rate p x personalization limit α x Dirichlet α x local epochs,
 plus FedAvg and Local anchors on the same data settings. Each federated run is one Ray Tune trial.
 
-    python sweeps/fedselect_grid.py                       # default study: digits, ~5 min on 2 cores
+    python sweeps/fedselect_grid.py                       # default study: digits, 32 trials, ~3 min on 2 cores
     python sweeps/fedselect_grid.py --pers-rate 0.1 0.25 0.5 --seeds 0 1 2
     python sweeps/fedselect_grid.py --preset paper --gpus-per-trial 0.25
     python sweeps/fedselect_grid.py --resume              # continue the latest interrupted sweep
@@ -17,10 +17,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ray import tune  # noqa: E402
+from fl_core.algorithms import params_class  # noqa: E402
+from fl_core.config import RunConfig  # noqa: E402
+from sweeps.plan import DATA_CHOICE  # noqa: E402
+from sweeps.study import Study, add_axis, data_settings, run_study, trial_grid  # noqa: E402
 
-from sweeps.study import Study, common_config, data_settings, run_study, trial_grid  # noqa: E402
-
+AXES = ("pers_rate", "pers_limit")
 # The paper's CIFAR-10 / ResNet-18 study. Values marked "reference code" are the defaults of the
 # public FedSelect code (its utils/options.py), used where the paper's own values could not be
 # recovered; values marked "ours" are this project's choices for the swept axes.
@@ -43,13 +45,15 @@ PAPER_PRESET = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     axes = parser.add_argument_group("swept axes (each a list; the grid is their product)")
-    axes.add_argument("--pers-rate", type=float, nargs="+", default=[0.1, 0.25, 0.5], help="FedSelect p values")
-    axes.add_argument("--pers-limit", type=float, nargs="+", default=[0.5, 0.8], help="FedSelect α values")
+    fedselect = params_class("fedselect")
+    add_axis(axes, "--pers-rate", "pers_rate", float, [0.1, 0.25, 0.5], owner=fedselect)
+    add_axis(axes, "--pers-limit", "pers_limit", float, [0.5, 0.8], owner=fedselect)
     axes.add_argument("--anchors", nargs="*", default=["fedavg", "local"],
-                      help="algorithms run once per data setting and epochs value as anchors (none: --anchors)")
+                      help="methods run once per data setting, epochs value and seed as anchors, with their own "
+                           "default knobs (none: --anchors) (default: fedavg local)")
     axes.add_argument("--preset", choices=("default", "paper"), default="default",
                       help="paper: the CIFAR-10 / ResNet-18 study; it sets data, model and axes, overriding "
-                           "those flags (values and sources: PAPER_PRESET in this file)")
+                           "those flags (values and sources: PAPER_PRESET in this file) (default: default)")
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
@@ -63,28 +67,27 @@ def grid(args: argparse.Namespace) -> list[dict]:
     args = apply_preset(args)
     fedselect = [{"algorithm": "fedselect", "pers_rate": p, "pers_limit": a}
                  for p, a in itertools.product(args.pers_rate, args.pers_limit)]
-    # Anchors carry p = α = 0 (no personalization) so that every trial has every column.
-    anchors = [{"algorithm": algo, "pers_rate": 0.0, "pers_limit": 0.0} for algo in args.anchors]
-    return trial_grid(args, fedselect + anchors)
+    anchors = [{"algorithm": algorithm} for algorithm in args.anchors]  # no FedSelect knobs: not theirs
+    return trial_grid(args, fedselect + anchors, AXES)
 
 
-def search_space(args: argparse.Namespace) -> dict:
-    """Optuna: p and α as ranges spanning the given values; Dirichlet α and epochs as choices
-    (their data settings are loaded once up front); the first seed."""
+def search(args: argparse.Namespace, configs: list[RunConfig]) -> tuple[RunConfig, dict]:
+    """Optuna: p and α as ranges spanning the given values; local epochs and the data setting
+    (all loaded up front) as choices; the first seed. The base is the grid's first FedSelect trial."""
+    from ray import tune
+
     args = apply_preset(args)
 
     def span(values):
         return tune.uniform(min(values), max(values)) if min(values) < max(values) else values[0]
 
+    base = next(c for c in configs if c.algorithm == "fedselect")
+    domains = {"pers_rate": span(args.pers_rate), "pers_limit": span(args.pers_limit),
+               "local_epochs": tune.choice(args.local_epochs)}
     settings = data_settings(args)
-    return common_config(args) | {
-        "algorithm": "fedselect", "seed": args.seeds[0],
-        "pers_rate": span(args.pers_rate), "pers_limit": span(args.pers_limit),
-        "local_epochs": tune.choice(args.local_epochs),
-        # one choice per data setting (dataset, partition, Dir α; all loaded up front), as JSON text
-        # because Optuna's categorical values must be plain scalars
-        **(settings[0] if len(settings) == 1 else {"data": tune.choice([json.dumps(s) for s in settings])}),
-    }
+    if len(settings) > 1:
+        domains[DATA_CHOICE] = tune.choice([json.dumps(s) for s in settings])
+    return base, domains
 
 
 STUDY = Study(
@@ -92,8 +95,9 @@ STUDY = Study(
     description=__doc__.split("\n\n")[0],
     add_arguments=add_arguments,
     grid=grid,
-    search_space=search_space,
     columns={"algorithm": "algo", "pers_rate": "p", "pers_limit": "α", "dir_alpha": "Dir α", "local_epochs": "epochs"},
+    axes=AXES,
+    search=search,
     defaults={"local_epochs": [1, 2]},
 )
 

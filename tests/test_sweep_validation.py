@@ -1,16 +1,31 @@
-"""Bad sweep input fails before Ray starts: one clear error, exit code 2."""
+"""Study flags, trials and the Tune config flow, without Ray: bad input fails before any work
+(one clear error, exit code 2); the flags come from the knob declarations; a method knob reaches
+the trials of its own methods only; Tune gets validated flat configs and gives them back."""
+import json
+import subprocess
+import sys
+
 import pytest
 
+from fl_core.algorithms import ALGORITHMS
+from fl_core.config import COMMON_KNOBS, RunConfig, knob_owners
+from sweeps import ablation, baselines
 from sweeps.fedselect_grid import STUDY, grid
-from sweeps.study import build_parser, run_study
+from sweeps.plan import DATA_CHOICE, run_config
+from sweeps.study import LIST_AXES, NOT_FLAGS, build_parser, plan_sweep, run_study, validate_trials
+
+from conftest import REPO
 
 
 @pytest.mark.parametrize("flags,needle", [
     (["--pers-rate", "0.1", "1.5"], "pers_rate=1.5 is outside the allowed range [0, 1]"),
     (["--pers-limit", "2"], "pers_limit=2.0 is outside the allowed range [0, 1]"),
-    (["--dir-alpha", "0.5", "-1"], "dir_alpha=-1.0 must be > 0"),
-    (["--local-epochs", "0"], "local_epochs=0 must be an integer >= 1"),
+    (["--dir-alpha", "0.5", "-1"], "dir_alpha=-1.0 is outside the allowed range (0, inf)"),
+    (["--local-epochs", "0"], "local_epochs=0 is outside the allowed range [1, inf)"),
     (["--dataset", "imagenet"], "dataset='imagenet' is not allowed"),
+    (["--anchors", "fedavg", "fedmagic"], "algorithm='fedmagic' is not allowed"),
+    (["--participation", "0"], "participation=0.0 is outside the allowed range (0, 1]"),
+    (["--ditto-lambda", "2"], "--ditto-lambda is a knob of ditto, but this sweep runs no trial of ditto"),
     (["--pers-rate", "0.1", "0.1"], "same configuration twice"),
     (["--dataset", "mnist", "--data-root", "/nonexistent/data"], "/nonexistent/data"),
     (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots' is not a number or 'auto'"),
@@ -24,42 +39,99 @@ def test_bad_values_fail_before_any_work(tmp_path, capsys, flags, needle):
     assert not any(tmp_path.glob("*/sweep.json"))
 
 
-def test_default_grid_is_the_product_of_the_axes_plus_anchors():
-    args = build_parser(STUDY).parse_args([])
-    trials = grid(args)
-    fedselect = [t for t in trials if t["algorithm"] == "fedselect"]
-    assert len(fedselect) == 3 * 2 * 2 * 2
+@pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
+def test_every_knob_is_a_flag_with_its_default_in_help(study):
+    parser = build_parser(study)
+    flags = {o for action in parser._actions for o in action.option_strings}
+    knobs = set(COMMON_KNOBS) | set(knob_owners())
+    expected = knobs - set(LIST_AXES) - set(NOT_FLAGS) - set(study.axes)
+    assert {k for k in expected if "--" + k.replace("_", "-") not in flags} == set()
+    assert {"--dataset", "--partition", "--dir-alpha", "--local-epochs", "--seeds"} <= flags
+    text = " ".join(build_parser(study).format_help().split())  # unwrapped
+    for needle in ("--rounds ROUNDS communication rounds; in [1, inf) (default: 20)",
+                   "--num-clients NUM_CLIENTS number of clients; in [1, inf) (default: 10)",
+                   "(default: 0.1)", "--eval-every", "--lr-schedule"):
+        assert needle in text, needle
+
+
+def test_default_grid_is_32_trials_and_anchors_carry_no_fedselect_knobs():
+    trials = grid(build_parser(STUDY).parse_args([]))
+    configs = validate_trials(trials)
+    fedselect = [c for c in configs if c.algorithm == "fedselect"]
     anchors = [t for t in trials if t["algorithm"] != "fedselect"]
-    assert len(anchors) == 2 * 2 * 2
-    assert {(t["dir_alpha"], t["local_epochs"]) for t in anchors} == {(t["dir_alpha"], t["local_epochs"]) for t in fedselect}
-    assert all(t["dataset"] == "digits" and t["partition"] == "dirichlet" for t in trials)
+    assert len(configs) == 32 and len(fedselect) == 3 * 2 * 2 * 2 and len(anchors) == 2 * 2 * 2
+    assert not any(k in t for t in anchors for k in knob_owners())  # no fake p = α = 0
+    assert {(c.pers_rate, c.pers_limit) for c in fedselect} == {(p, a) for p in (0.1, 0.25, 0.5) for a in (0.5, 0.8)}
+    assert {(t["dir_alpha"], t["local_epochs"]) for t in anchors} == {(c.dir_alpha, c.local_epochs) for c in fedselect}
+    assert all(c.dataset == "digits" and c.partition == "dirichlet" and c.rounds == 20 for c in configs)
+
+
+def test_method_knobs_apply_to_their_own_methods_only():
+    args = build_parser(baselines.STUDY).parse_args(["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05"])
+    configs = validate_trials(baselines.grid(args))
+    assert len(configs) == len(ALGORITHMS) * 2                        # methods x (2 shards, Dir(0.1))
+    for c in configs:
+        owns = set(c.method.to_dict())
+        assert ("ft_epochs" in owns) == (c.algorithm in ("fedavg_ft", "fedbabu"))
+        assert c.lr == 0.05                                            # a common knob: every trial
+    assert {c.ft_epochs for c in configs if c.algorithm in ("fedavg_ft", "fedbabu")} == {3}
+    assert {(c.pers_rate, c.pers_limit) for c in configs if c.algorithm == "fedselect"} == {(0.25, 0.5)}
+    assert {(c.partition, c.dir_alpha) for c in configs} == {("shards", 0.5), ("dirichlet", 0.1)}
 
 
 def test_paper_preset_is_cifar10_resnet18():
-    args = build_parser(STUDY).parse_args(["--preset", "paper"])
-    trials = grid(args)
-    assert {t["dataset"] for t in trials} == {"cifar10"} and {t["model"] for t in trials} == {"resnet18"}
-    assert {t["samples_per_client"] for t in trials} == {100}
-
-
-def test_baselines_grid_is_every_method_on_every_split():
-    from fl_core.config import ALGORITHMS
-    from sweeps import baselines
-    trials = baselines.grid(build_parser(baselines.STUDY).parse_args(["--seeds", "0", "1"]))
-    assert len(trials) == len(ALGORITHMS) * 2 * 2  # methods x (2 shards, Dir 0.1) x seeds
-    assert {(t["partition"], t["dir_alpha"]) for t in trials} == {("shards", 0.5), ("dirichlet", 0.1)}
-    assert {t["algorithm"] for t in trials} == set(ALGORITHMS)
+    configs = validate_trials(grid(build_parser(STUDY).parse_args(["--preset", "paper"])))
+    assert {(c.dataset, c.model, c.samples_per_client) for c in configs} == {("cifar10", "resnet18", 100)}
 
 
 def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
-    from sweeps import ablation
-    trials = ablation.grid(build_parser(ablation.STUDY).parse_args(["--partition", "shards"]))
-    keys = sorted((t["fedselect_variant"], t["layer_block"]) for t in trials)
-    assert keys == [("gradselect", "A"), ("layer", "A"), ("layer", "B"), ("layer", "C"), ("layer", "D"),
-                    ("personalize_least", "A"), ("random", "A")]
+    args = build_parser(ablation.STUDY).parse_args(["--partition", "shards", "--pers-rate", "0.5"])
+    configs = validate_trials(ablation.grid(args))
+    assert sorted(c.label() for c in configs) == [
+        "FedSelect", "FedSelect (layer A)", "FedSelect (layer B)", "FedSelect (layer C)", "FedSelect (layer D)",
+        "FedSelect (personalize least)", "FedSelect (random)"]
+    assert {c.pers_rate for c in configs} == {0.5}
+
+
+def test_tune_receives_validated_flat_configs_and_gives_them_back(tmp_path):
+    parser = build_parser(STUDY)
+    args = parser.parse_args(["--results", str(tmp_path), "--pers-rate", "0.25", "--pers-limit", "0.8",
+                              "--dir-alpha", "0.1", "--local-epochs", "1", "--select-params", "all"])
+    plan, _ = plan_sweep(STUDY, args, parser.parse_args([]))
+    trials = plan.param_space["trial"]["grid_search"]
+    assert [t["run"] for t in trials] == [c.to_dict() for c in plan.configs]
+    back = [run_config({"trial": t}) for t in trials]
+    assert [c.config_hash() for c in back] == [c.config_hash() for c in plan.configs]
+    assert [t["show"]["p"] for t in trials] == [0.25, "-", "-"]       # anchors: no p, shown as "-"
+    assert [c.label() for c in back] == ["FedSelect", "FedAvg", "Local"]
+    assert back[0].select_params == "all" and "select_params" not in trials[1]["run"]
+    assert plan.columns["trial/show/α"] == "α" and not (tmp_path / plan.folder.name).exists()
+
+
+def test_optuna_space_is_sampled_knobs_over_a_validated_base(tmp_path):
+    parser = build_parser(STUDY)
+    args = parser.parse_args(["--results", str(tmp_path), "--search", "optuna", "--pers-rate", "0.1", "0.5",
+                              "--partition", "dirichlet", "shards"])
+    plan, _ = plan_sweep(STUDY, args, parser.parse_args([]))
+    space = plan.param_space
+    assert space["run"] == next(c for c in plan.configs if c.algorithm == "fedselect").to_dict()
+    assert set(space) == {"run", "pers_rate", "pers_limit", "local_epochs", DATA_CHOICE}
+    assert [json.loads(c)["partition"] for c in space[DATA_CHOICE].categories] == ["dirichlet", "dirichlet", "shards"]
+    assert set(plan.columns.values()) == {"p", "α", "epochs", DATA_CHOICE}
+    sampled = {"run": space["run"], "pers_rate": 0.3, "pers_limit": 0.6, "local_epochs": 2,
+               DATA_CHOICE: json.dumps({"dataset": "digits", "partition": "shards", "dir_alpha": 0.5})}
+    config = run_config(sampled)
+    assert (config.pers_rate, config.pers_limit, config.local_epochs, config.partition) == (0.3, 0.6, 2, "shards")
+    assert config.config_hash() == RunConfig.from_dict(space["run"]).replace(
+        pers_rate=0.3, pers_limit=0.6, local_epochs=2, partition="shards", dir_alpha=0.5).config_hash()
 
 
 def test_grid_only_studies_refuse_optuna(tmp_path, capsys):
-    from sweeps import ablation
     assert run_study(ablation.STUDY, ["--results", str(tmp_path), "--search", "optuna"]) == 2
     assert "the ablation study is a grid only" in capsys.readouterr().err
+
+
+def test_launch_does_not_import_study():
+    code = "import sys, sweeps.launch; print('sweeps.study' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
