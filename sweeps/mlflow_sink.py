@@ -1,17 +1,25 @@
 """MLflow results of a sweep, logged from the driver only.
 
-One experiment per study, a parent run per sweep, a child run per trial (flattened config as
-params; tags sweep, config_hash, seed; per-round metrics; artifacts at the end). Everything is
-logged by a Tune callback in the driver process, so an embedded sqlite store never sees two
-writers, and trials on remote nodes need no access to the tracking server.
+One experiment per study, a parent run per sweep, a child run per trial:
+  name     `<method label> | <data setting> | <short config hash>`, e.g. `FedSelect (layer B) | digits,
+           Dir(0.1) | 3fa2c1`
+  params   `config.semantic_dict()`: the common knobs and the trial's own method knobs only
+  tags     sweep, config_hash, seed, method, setting, version
+  metrics  per round, the keys of `fl_core.results.summarize_round` (step = round); values that
+           were not measured (NaN, e.g. accuracies of rounds skipped by `eval_every`) are skipped
+  artifacts at the end: final_client_accuracy.csv, label_histograms.json, fedselect_masks.npz
+Everything is logged by a Tune callback in the driver process, so an embedded sqlite store never
+sees two writers, and trials on remote nodes need no access to the tracking server.
 
 Idempotent: a retried or resumed trial finds its child run by tags and logs only rounds it has not
-logged yet. Fault tolerant: if the tracking store fails, the sweep goes on with one warning and
-the Parquet results stay complete.
+logged yet (rounds reported while no driver listened are recomputed from the trial's Parquet rows
+with `summarize_trial`). Fault tolerant: if the tracking store fails, the sweep goes on with one
+warning and the Parquet results stay complete.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -23,12 +31,18 @@ import numpy as np
 import pandas as pd
 from ray import tune
 
-from fl_core.config import NON_SEMANTIC, RunConfig
+from fl_core.results import config_columns, summarize_trial
 
-from . import metrics as round_summary
-from .parquet_sink import round_files
-from .trainable import trial_config
+from .parquet_sink import read_trial
+from .plan import run_config
 
+FINAL_CLIENT_COLUMNS = ("client", "round", "participated", "acc", "acc_local", "acc_global", "acc_val", "n_train",
+                        "n_val", "n_test", "personal_fraction")
+
+
+# A summary key measured every round (unlike accuracies under `eval_every`): its last step is the
+# last round logged to a run.
+LOGGED_MARK = "mb_total"
 
 
 def default_tracking_uri(results: Path) -> str:
@@ -122,21 +136,23 @@ class MLflowSink(tune.Callback):
         return run_id
 
     def _find_or_create_child(self, trial) -> str:
-        config = RunConfig.from_dict(trial_config(trial.config))
+        config = run_config(trial.config)
         key = config.config_hash()
         found = self.client.search_runs(
             [self.experiment_id], f"tags.parent_run = '{self.parent_id}' and tags.config_hash = '{key}'")
         if found:
             run_id = found[0].info.run_id
-            history = self.client.get_metric_history(run_id, "acc_mean")
+            history = self.client.get_metric_history(run_id, LOGGED_MARK)
             self._logged[run_id] = max((m.step for m in history), default=0)
             self.client.update_run(run_id, status="RUNNING")
             return run_id
+        columns = config_columns(config)
         tags = {"mlflow.parentRunId": self.parent_id, "parent_run": self.parent_id, "sweep": self.sweep,
-                "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id}
-        run = self.client.create_run(self.experiment_id, run_name=f"{_method_label(config)}-{key}", tags=tags)
+                "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id,
+                "method": columns["method"], "setting": columns["setting"], "version": columns["version"]}
+        run = self.client.create_run(self.experiment_id, run_name=run_name(columns), tags=tags)
         from mlflow.entities import Param
-        params = [Param(k, str(v)) for k, v in config.to_dict().items() if k not in NON_SEMANTIC]
+        params = [Param(k, str(v)) for k, v in config.semantic_dict().items()]
         self.client.log_batch(run.info.run_id, params=params)
         self._logged[run.info.run_id] = 0
         return run.info.run_id
@@ -150,14 +166,16 @@ class MLflowSink(tune.Callback):
         logged = self._logged.get(run_id, 0)
         if not run_id or rnd <= logged:
             return  # already logged (a resumed trial repeating rounds after its last checkpoint)
-        rows = [result]
+        summaries = [result["summary"]]
         if rnd > logged + 1:  # rounds this driver never saw (e.g. reported just before an interruption)
-            files = round_files(self.sweep_dir, result["config_hash"])
-            rows = [m for m in round_summary.history(files) if logged < m["round"] < rnd] + rows
+            history = summarize_trial(read_trial(self.sweep_dir, result["config_hash"]))
+            summaries = [s for s in history if logged < s["round"] < rnd] + summaries
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(r[k]), now, int(r["round"])) for r in rows for k in round_summary.METRIC_KEYS]
-        self._guard("logging metrics", self.client.log_batch, run_id, metrics=metrics)
+        metrics = [Metric(k, float(v), now, int(s["round"])) for s in summaries for k, v in s.items()
+                   if k != "round" and _measured(v)]
+        for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
+            self._guard("logging metrics", self.client.log_batch, run_id, metrics=metrics[start:start + 1000])
         self._logged[run_id] = rnd
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -172,14 +190,14 @@ class MLflowSink(tune.Callback):
             self._guard("marking a failed run", self.client.set_terminated, run_id, "FAILED")
 
     def _log_artifacts(self, run_id: str, trial) -> None:
-        key = RunConfig.from_dict(trial_config(trial.config)).config_hash()
+        key = run_config(trial.config).config_hash()
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder)
-            rounds = round_files(self.sweep_dir, key)
-            if rounds:
-                final = pd.read_parquet(rounds[-1])
-                final[["client", "round", "acc", "acc_local", "acc_global", "n_train", "n_test",
-                       "personal_fraction"]].to_csv(out / "final_client_accuracy.csv", index=False)
+            rows = read_trial(self.sweep_dir, key)
+            if not rows.empty:
+                final = rows[rows["round"] == rows["round"].max()]
+                keep = [c for c in FINAL_CLIENT_COLUMNS if c in final.columns]
+                final[keep].to_csv(out / "final_client_accuracy.csv", index=False)
             clients = self.sweep_dir / "clients" / f"{key}.parquet"
             if clients.exists():
                 hist = pd.read_parquet(clients)
@@ -192,12 +210,14 @@ class MLflowSink(tune.Callback):
             self.client.log_artifacts(run_id, folder)
 
 
-def _method_label(config: RunConfig) -> str:
-    """e.g. `fedavg`, `fedselect`, `fedselect-random`, `fedselect-layerB`."""
-    if config.algorithm != "fedselect" or config.fedselect_variant == "gradselect":
-        return config.algorithm
-    block = config.layer_block if config.fedselect_variant == "layer" else ""
-    return f"fedselect-{config.fedselect_variant}{block}"
+def run_name(columns: dict[str, Any]) -> str:
+    """A trial's readable run name from its config columns (method, data setting, short hash)."""
+    return f"{columns['method']} | {columns['setting']} | {columns['config_hash'][:6]}"
+
+
+def _measured(value: Any) -> bool:
+    """A number that was measured (not NaN, not None, not a string or a flag)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _final_masks(path: Path) -> dict[str, np.ndarray]:

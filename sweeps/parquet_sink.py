@@ -1,74 +1,181 @@
-"""Parquet results of a sweep, written so that nothing is lost or duplicated.
+"""Parquet results of a sweep: written so that nothing is lost or duplicated, read fast at scale.
 
 Layout under `<results>/<sweep>/`:
-  rounds/<config_hash>-r<round>.parquet   one file per trial x round, one row per client
+  rounds/<config_hash>.parquet            a finished trial: all its rows (round x client), one file
+  rounds/<config_hash>-r<round>.parquet   journal: one file per round while the trial runs (and the
+                                          whole layout of sweeps written before compaction existed)
   clients/<config_hash>.parquet           per-client label histograms of the trial's data
   masks/<config_hash>.parquet             mask-based methods: each client's final mask per tensor
                                           (bit-packed with np.packbits; np.unpackbits(bits)[:numel])
   trials.parquet                          one row per trial (config, final metrics, status, wall time)
+Rows come from fl_core.results only (`round_rows`, `client_rows`, `mask_rows`, `trial_row`).
 
-Each file is written atomically (temp file + rename). A trial's round is always written to the
-same file name, so a retried or resumed trial that repeats a round replaces its rows.
+Compaction. A trial writes each round to its journal file, atomically (temp file + rename), and a
+round always goes to the same name: a trial retried or resumed from an earlier checkpoint
+rewrites (replaces) the rounds after it, never duplicates them. When the trial has every round
+(after the state file records the last one), `compact_trial` reads its journal files, checks
+that they are exactly rounds 1..R, writes them as one file `rounds/<hash>.parquet` atomically and
+then deletes the journal files. The same call runs on the resume path of a trial whose state says
+it is finished, so a crash anywhere in between is repaired on the next attempt:
+  - crash before the compacted file is renamed into place: journal only, compaction redone;
+  - crash after, before the journal files are deleted: readers take the compacted file and ignore
+    that hash's journal files; the next call deletes them.
+A compacted file is only written for a trial whose state is final, so no later run of that trial
+writes journal files again (trials stopped early by a scheduler keep their journal files).
+
+Reading (`read_rounds`, `read_sweep`, `read_files`): one listing of the folder picks, per hash,
+the compacted file if it exists, else its journal files; the files are read as one pyarrow
+dataset whose schema is the union of the files' schemas (methods write different columns, and a
+column that is all None in one file is typed null there), with permissive type promotion.
 """
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from fl_core.results import write_parquet
 
+SORT_KEYS = ("config_hash", "round", "client")
+_NAME = re.compile(r"^(?P<hash>[^.][^-]*?)(?:-r(?P<round>\d+))?\.parquet$")
 
+
+# ---------------------------------------------------------------------------- writing
 def round_path(sweep_dir: Path, config_hash: str, rnd: int) -> Path:
-    return sweep_dir / "rounds" / f"{config_hash}-r{rnd:04d}.parquet"
+    return Path(sweep_dir) / "rounds" / f"{config_hash}-r{rnd:04d}.parquet"
+
+
+def trial_path(sweep_dir: Path, config_hash: str) -> Path:
+    return Path(sweep_dir) / "rounds" / f"{config_hash}.parquet"
 
 
 def write_round(sweep_dir: Path, config_hash: str, rnd: int, rows: pd.DataFrame) -> Path:
+    """One round of one trial (a journal file), atomically; a rewrite replaces it."""
     return write_parquet(rows, round_path(sweep_dir, config_hash, rnd))
 
 
-def round_files(sweep_dir: Path, config_hash: str) -> list[Path]:
-    """A trial's round files, in round order."""
-    return sorted((Path(sweep_dir) / "rounds").glob(f"{config_hash}-r*.parquet"))
+def journal_files(sweep_dir: Path, config_hash: str) -> dict[int, Path]:
+    """A trial's journal files: round -> path."""
+    found = {}
+    for path in (Path(sweep_dir) / "rounds").glob(f"{config_hash}-r*.parquet"):
+        match = _NAME.match(path.name)
+        if match and match["hash"] == config_hash and match["round"]:
+            found[int(match["round"])] = path
+    return dict(sorted(found.items()))
+
+
+def compact_trial(sweep_dir: Path, config_hash: str, rounds: int) -> Path | None:
+    """Merge a finished trial's journal files (rounds 1..`rounds`) into its one file, then delete
+    them. Idempotent; returns the compacted file, or None if the journal is incomplete (the
+    journal files are then left as they are)."""
+    target = trial_path(sweep_dir, config_hash)
+    journal = journal_files(sweep_dir, config_hash)
+    if not target.exists():
+        if list(journal) != list(range(1, rounds + 1)):
+            return None
+        try:
+            frames = [pd.read_parquet(path) for path in journal.values()]
+        except FileNotFoundError:  # another attempt of this trial compacted it meanwhile
+            return target if target.exists() else None
+        write_parquet(pd.concat(frames, ignore_index=True), target)
+    for path in journal.values():
+        path.unlink(missing_ok=True)
+    return target
 
 
 def write_clients(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path:
-    return write_parquet(pd.DataFrame(rows), sweep_dir / "clients" / f"{config_hash}.parquet")
+    return write_parquet(pd.DataFrame(rows), Path(sweep_dir) / "clients" / f"{config_hash}.parquet")
 
 
-def write_masks(sweep_dir: Path, config_hash: str, masks: list[dict | None]) -> Path | None:
-    """Each client's final mask (dict tensor name -> bool tensor), one row per (client, tensor)."""
-    rows = [{"config_hash": config_hash, "client": k, "tensor": name, "shape": list(m.shape), "numel": m.numel(),
-             "bits": np.packbits(m.cpu().numpy().reshape(-1)).tobytes()}
-            for k, mask in enumerate(masks) if mask for name, m in mask.items()]
+def write_masks(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path | None:
+    """A trial's final masks (rows of `fl_core.results.mask_rows`); nothing for maskless methods."""
     if not rows:
         return None
     return write_parquet(pd.DataFrame(rows), Path(sweep_dir) / "masks" / f"{config_hash}.parquet")
 
 
-def _read_folder(folder: Path) -> pd.DataFrame:
-    files = sorted(folder.glob("*.parquet"))  # temp files start with "." and are not matched
+# ---------------------------------------------------------------------------- reading
+def round_sources(sweep_dir: str | Path) -> dict[str, list[Path]]:
+    """config hash -> the files holding its rows: the compacted file if there is one, else the
+    journal files in round order. Temp files (names starting with '.') are never listed."""
+    folder = Path(sweep_dir) / "rounds"
+    compacted: dict[str, Path] = {}
+    journal: dict[str, list[tuple[int, Path]]] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return {}
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if not match:
+            continue
+        if match["round"] is None:
+            compacted[match["hash"]] = Path(entry.path)
+        else:
+            journal.setdefault(match["hash"], []).append((int(match["round"]), Path(entry.path)))
+    return {key: [compacted[key]] if key in compacted else [p for _, p in sorted(journal[key])]
+            for key in sorted(set(compacted) | set(journal))}
+
+
+def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort: Sequence[str] = ()) -> pd.DataFrame:
+    """Parquet files as one frame through a pyarrow dataset with the union of their schemas
+    (missing columns read as null; null-typed and narrower numeric columns are promoted).
+    `columns`: only these (those present); `sort`: keys to sort by (those present)."""
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
     if not files:
         return pd.DataFrame()
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
+    try:
+        schema = factory.inspect(promote_options="permissive", fragments=None).remove_metadata()
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for clashing columns
+        raise ValueError(f"the Parquet files under {Path(files[0]).parent} do not share one schema: {err}") from err
+    dataset = factory.finish(schema)
+    names = [c for c in columns if c in schema.names] if columns is not None else None
+    table = dataset.to_table(columns=names)
+    keys = [(k, "ascending") for k in sort if k in table.column_names]
+    if keys:
+        table = table.sort_by(keys)
+    return table.to_pandas()
 
 
-def read_rounds(sweep_dir: str | Path) -> pd.DataFrame:
-    """Every (trial, round, client) row of a sweep, sorted by trial, round and client."""
-    frame = _read_folder(Path(sweep_dir) / "rounds")
-    if frame.empty:
-        return frame
-    return frame.sort_values(["config_hash", "round", "client"], ignore_index=True)
+def read_rounds(sweep_dir: str | Path, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None,
+                attempts: int = 3) -> pd.DataFrame:
+    """Every (trial, round, client) row of a sweep, sorted by trial, round and client.
+    `columns`: read only these; `trials`: only these config hashes. A listing that a running
+    trial changes underneath (it compacted its journal meanwhile) is taken again."""
+    for attempt in range(attempts):
+        sources = round_sources(sweep_dir)
+        if trials is not None:
+            wanted = set(trials)
+            sources = {k: v for k, v in sources.items() if k in wanted}
+        try:
+            return read_files([f for files in sources.values() for f in files], columns, SORT_KEYS)
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
-def read_sweep(sweep_dir: str | Path) -> pd.DataFrame:
+def read_trial(sweep_dir: str | Path, config_hash: str) -> pd.DataFrame:
+    """One trial's rows (compacted or journal), sorted by round and client."""
+    return read_rounds(sweep_dir, trials=[config_hash])
+
+
+def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The tidy table of a sweep: one row per (trial, round, client), with the trial's status and
     wall time joined from trials.parquet when the sweep has finished."""
     sweep_dir = Path(sweep_dir)
-    rounds = read_rounds(sweep_dir)
+    if columns is not None:
+        columns = list(dict.fromkeys([*SORT_KEYS, *columns]))
+    rounds = read_rounds(sweep_dir, columns)
     trials_file = sweep_dir / "trials.parquet"
     if rounds.empty or not trials_file.exists():
         return rounds
-    trials = pd.read_parquet(trials_file, columns=["config_hash", "status", "wall_seconds"])
+    trials = read_files([trials_file], ["config_hash", "status", "wall_seconds"])
+    trials = trials.drop_duplicates("config_hash", keep="last")
     return rounds.merge(trials, on="config_hash", how="left")

@@ -1,57 +1,51 @@
 """The Tune trainable: one full federated run per trial.
 
-It rebuilds the `RunConfig` from the trial's config, takes its data from the object store (loaded
-once per sweep on the driver), resumes from the trial's saved state if there is one, and then per
-round: writes the round's Parquet rows, saves the simulation state (every `checkpoint_every`
-rounds and at the last round) and reports summary metrics. Batch orders depend only on (seed,
+It turns the trial's Tune config into its `RunConfig` (`sweeps.plan.run_config`), takes the data
+from the object store (loaded once per sweep on the driver, keyed by `config.data_key()`),
+resumes from the trial's saved state if there is one, and then per round: writes the round's rows
+(`fl_core.results.round_rows`) to its Parquet journal file, saves the simulation state (every
+`checkpoint_every` rounds and at the last round) and reports the round's summary
+(`fl_core.results.summarize_round`). After the last round it compacts the trial's rows into one
+file and writes its final masks (see sweeps/parquet_sink.py). Batch orders depend only on (seed,
 round, client), so a resumed trial ends with exactly the metrics of an uninterrupted one.
+
+What is reported to Tune each round:
+  round, acc_mean          Tune's time attribute and objective; `acc_mean` is the last evaluated
+                           round's (rounds skipped by `eval_every` carry it over; NaN before any)
+  summary                  the full `summarize_round` dict of this round (NaN where not measured)
+  done                     the trial has run all its rounds
+  provenance               where this process picked the run up and what it was given (PROVENANCE)
 
 Where the state lives: one file per trial, `<sweep>/state/<config_hash>.pt`, replaced atomically,
 rather than Tune checkpoints. Reason: when the driver is killed (SIGKILL), Tune's last experiment
 snapshot can name a trial checkpoint that `CheckpointConfig(num_to_keep)` has already deleted, and
 `Tuner.restore` then fails for that trial; keeping every checkpoint instead costs one state per
 round. With one file per trial, a retry (`FailureConfig`), a `--resume` after SIGINT and one after
-SIGKILL all continue from the newest saved round. The file also keeps the final FedSelect masks.
+SIGKILL all continue from the newest saved round. The file also keeps the final masks.
 """
 from __future__ import annotations
 
-import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import ray
 import torch
 from ray import tune
 
-from fl_core.config import RunConfig
-from fl_core.data import FederatedData
-from fl_core.results import client_rows, round_rows
-from fl_core.simulation import Simulation, load_data
-
-import pandas as pd
+from fl_core.data import FederatedData, load_data
+from fl_core.results import client_rows, mask_rows, round_rows, summarize_round
+from fl_core.simulation import Simulation
 
 from . import parquet_sink
-from .metrics import round_metrics
+from .plan import run_config
 from .resources import TrialResources
 
-
-def trial_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Flatten a Tune config: grid sweeps nest each trial's knobs under "trial"; Optuna sweeps
-    over several data settings sample one under "data"."""
-    flat = {k: v for k, v in config.items() if k not in ("trial", "data")}
-    if "data" in config:                   # Optuna: a sampled data setting, as JSON text
-        flat.update(json.loads(config["data"]))
-    flat.update(config.get("trial", {}))
-    return flat
-
-
-def data_key(config: RunConfig) -> str:
-    """What determines a trial's data: trials with equal keys share one loaded copy."""
-    return "|".join(str(getattr(config, k)) for k in (
-        "dataset", "num_clients", "partition", "shards_per_client", "dir_alpha", "samples_per_client",
-        "test_samples_per_client", "min_samples", "seed", "data_root"))
+PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "threads", "config_hash",
+              "data_from_driver", "reported_at")
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -60,48 +54,58 @@ def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
 
 def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: str, sweep: str,
               resources: TrialResources, checkpoint_every: int = 1, crash_at_round: int | None = None) -> None:
-    """Tune function trainable (wrapped with `tune.with_parameters` by the study)."""
+    """Tune function trainable (wrapped with `tune.with_parameters` by the launcher)."""
     logging.getLogger("ray").setLevel(logging.WARNING)
     started_at = time.time()
+    folder = Path(sweep_dir)
     use_cuda = resources.gpus > 0 and torch.cuda.is_available()
-    run_config = RunConfig.from_dict(trial_config(config)).replace(
-        device="cuda" if use_cuda else "cpu", threads=resources.threads)
-    ref = data_refs.get(data_key(run_config))
-    data: FederatedData = ray.get(ref) if ref is not None else load_data(run_config)
-    sim = Simulation(run_config, data)
-    config_hash = run_config.config_hash()
-    saved = state_path(sweep_dir, config_hash)
-    extra = {"sweep": sweep, "trial_id": tune.get_context().get_trial_id()}
+    run = run_config(config).replace(device="cuda" if use_cuda else "cpu", threads=resources.threads)
+    ref = data_refs.get(run.data_key())
+    data: FederatedData = ray.get(ref) if ref is not None else load_data(run)
+    sim = Simulation(run, data)
+    key = run.config_hash()
+    saved = state_path(folder, key)
+    context = {"sweep": sweep, "trial_id": tune.get_context().get_trial_id()}
 
-    progress: dict[str, Any] = {"mb_total": 0.0, "last_metrics": None}
+    progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "last_report": None}
     if saved.exists():
         progress = sim.restore(saved)
     else:
-        parquet_sink.write_clients(Path(sweep_dir), config_hash,
-                                   [row | extra for row in client_rows(sim.data, run_config)])
-    if sim.completed == run_config.rounds and progress["last_metrics"]:
-        tune.report(progress["last_metrics"])  # finished before the interruption: report it again
+        parquet_sink.write_clients(folder, key, client_rows(sim.data, run, **context))
+    if sim.completed == run.rounds:  # finished before an interruption: repair, report it again
+        _finish(folder, sim)
+        if progress["last_report"]:
+            tune.report(progress["last_report"])
         return
 
-    # Where this process picked the run up, and what it was given: shown in trials.parquet.
     provenance = {"resumed_from_round": sim.completed, "started_at": started_at,
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
-                  "threads": float(torch.get_num_threads()), "config_hash": config_hash,
-                  "data_from_driver": ref is not None}
+                  "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None}
     for result in sim.run():
-        rows = pd.DataFrame([row | extra | {"round_seconds": result.seconds}
-                             for row in round_rows(result, run_config, sim.model_name)])
-        parquet_sink.write_round(Path(sweep_dir), config_hash, result.round, rows)
-        metrics = round_metrics(rows, progress["mb_total"]) | provenance | {
-            "done": result.round == run_config.rounds, "reported_at": time.time()}
-        progress = {"mb_total": metrics["mb_total"], "last_metrics": metrics}
-        if result.round % checkpoint_every == 0 or result.round == run_config.rounds:
+        rows = pd.DataFrame(round_rows(result, run, sim.model_name, **context))
+        parquet_sink.write_round(folder, key, result.round, rows)
+        summary = summarize_round(rows, progress["mb_total"])
+        objective = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
+        done = result.round == run.rounds
+        report = {"round": result.round, "acc_mean": objective, "done": done, "summary": summary,
+                  **provenance, "reported_at": time.time()}
+        progress = {"mb_total": summary["mb_total"], "objective": objective, "last_report": report}
+        if result.round % checkpoint_every == 0 or done:
             sim.save(saved, **progress)
-        if result.round == run_config.rounds:
-            parquet_sink.write_masks(Path(sweep_dir), config_hash, [c.mask for c in sim.clients])
-        tune.report(metrics)
+        if done:
+            _finish(folder, sim)
+        tune.report(report)
         if crash_at_round == result.round:
-            _crash_once(Path(sweep_dir), config_hash, result.round)
+            _crash_once(folder, key, result.round)
+
+
+def _finish(folder: Path, sim: Simulation) -> None:
+    """A finished trial: its rows in one file, its final masks (both idempotent)."""
+    key = sim.config.config_hash()
+    if parquet_sink.compact_trial(folder, key, sim.config.rounds) is None:
+        logging.getLogger(__name__).warning("trial %s: journal incomplete, rows left uncompacted", key)
+    if not (folder / "masks" / f"{key}.parquet").exists():
+        parquet_sink.write_masks(folder, key, mask_rows(sim.config, [c.mask for c in sim.clients]))
 
 
 def _crash_once(sweep_dir: Path, config_hash: str, rnd: int) -> None:

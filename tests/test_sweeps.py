@@ -1,4 +1,5 @@
-"""The Ray Tune platform end to end, on a real local Ray cluster (started once per session).
+"""The sweep platform: its Parquet sink (compaction, readers; no Ray), then Ray Tune end to end on
+a real local Ray cluster (started once per session; marked slow).
 
 Every sweep here must reproduce, number for number, what fl_core computes alone without Ray."""
 from __future__ import annotations
@@ -9,37 +10,137 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from fl_core.results import round_rows, summarize_trial
+from fl_core.simulation import Simulation
+from sweeps import parquet_sink as sink
 from sweeps.fedselect_grid import STUDY
 from sweeps.parquet_sink import read_rounds, read_sweep
 from sweeps.study import run_study
 
-from conftest import REPO
+from conftest import REPO, tiny
 from sweep_helpers import direct_final_rows, final_rows, mlflow_runs, sweep_args
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
+
+
+# ---------------------------------------------------------------------------- Parquet sink (no Ray)
+@pytest.fixture(scope="module")
+def trial_rounds():
+    """The round rows of two tiny real runs (FedSelect, and LotteryFL with its own metric columns)."""
+    runs = {}
+    for config in (tiny(rounds=3), tiny(algorithm="lotteryfl", rounds=3)):
+        sim = Simulation(config)
+        runs[config.config_hash()] = [pd.DataFrame(round_rows(r, config, sim.model_name, sweep="s", trial_id="t"))
+                                      for r in sim.run()]
+    return runs
+
+
+def _journal(folder, runs, upto=None):
+    for key, frames in runs.items():
+        for frame in frames[:upto]:
+            sink.write_round(folder, key, int(frame["round"].iloc[0]), frame)
+
+
+def test_compaction_one_file_per_trial_same_rows(tmp_path, trial_rounds):
+    _journal(tmp_path, trial_rounds)
+    before = read_rounds(tmp_path)
+    assert len(before) == 2 * 3 * 4 and len(list((tmp_path / "rounds").iterdir())) == 6
+    for key in trial_rounds:
+        assert sink.compact_trial(tmp_path, key, 3) == sink.trial_path(tmp_path, key)
+    assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == sorted(f"{k}.parquet" for k in trial_rounds)
+    after = read_rounds(tmp_path)
+    pd.testing.assert_frame_equal(after, before)
+    assert not after.duplicated(["config_hash", "round", "client"]).any()
+    # the two methods wrote different columns: the union, null where a method has none
+    lottery = after[after["algorithm"] == "lotteryfl"]
+    fedselect = after[after["algorithm"] == "fedselect"]
+    assert lottery["lottery_sparsity"].notna().all() and fedselect["lottery_sparsity"].isna().all()
+    assert fedselect["pers_rate"].eq(0.3).all() and lottery["pers_rate"].isna().all()
+    # idempotent: compacting again changes nothing
+    for key in trial_rounds:
+        sink.compact_trial(tmp_path, key, 3)
+    pd.testing.assert_frame_equal(read_rounds(tmp_path), before)
+
+
+def test_compaction_is_repaired_after_a_crash_at_any_point(tmp_path, trial_rounds):
+    key = next(iter(trial_rounds))
+    frames = trial_rounds[key]
+    _journal(tmp_path, {key: frames})
+    expected = read_rounds(tmp_path)
+    # crash after the compacted file was renamed into place, before the journal was deleted
+    sink.write_parquet(pd.concat(frames, ignore_index=True), sink.trial_path(tmp_path, key))
+    # ... and a stale journal file of that hash with wrong numbers: ignored by readers
+    sink.write_round(tmp_path, key, 2, frames[1].assign(acc=-1.0))
+    pd.testing.assert_frame_equal(read_rounds(tmp_path), expected)
+    assert sink.compact_trial(tmp_path, key, 3) is not None        # the resume path cleans up
+    assert [p.name for p in (tmp_path / "rounds").iterdir()] == [f"{key}.parquet"]
+    pd.testing.assert_frame_equal(read_rounds(tmp_path), expected)
+    # a leftover temp file (crash during a write) is never read
+    (tmp_path / "rounds" / f".{key}.parquet.abc.tmp").write_bytes(b"partial")
+    pd.testing.assert_frame_equal(read_rounds(tmp_path), expected)
+
+
+def test_incomplete_journal_is_not_compacted(tmp_path, trial_rounds):
+    key = next(iter(trial_rounds))
+    _journal(tmp_path, {key: trial_rounds[key]}, upto=2)
+    assert sink.compact_trial(tmp_path, key, 3) is None
+    assert len(sink.journal_files(tmp_path, key)) == 2 and not sink.trial_path(tmp_path, key).exists()
+    assert sorted(read_rounds(tmp_path)["round"].unique()) == [1, 2]
+
+
+def test_read_sweep_joins_status_and_selects_columns(tmp_path, trial_rounds):
+    _journal(tmp_path, trial_rounds)
+    first = next(iter(trial_rounds))
+    sink.compact_trial(tmp_path, first, 3)
+    sink.write_parquet(pd.DataFrame({"config_hash": list(trial_rounds), "status": ["COMPLETED", "STOPPED"],
+                                     "wall_seconds": [1.0, 2.0]}), tmp_path / "trials.parquet")
+    tidy = read_sweep(tmp_path, columns=["acc"])
+    assert list(tidy.columns) == ["config_hash", "round", "client", "acc", "status", "wall_seconds"]
+    assert len(tidy) == 24 and set(tidy.loc[tidy.config_hash == first, "status"]) == {"COMPLETED"}
+    assert sink.read_trial(tmp_path, first)["round"].tolist() == [1] * 4 + [2] * 4 + [3] * 4
+    # the per-round summaries of a trial (fl_core's one definition) from its rows
+    history = summarize_trial(sink.read_trial(tmp_path, first))
+    acc = np.array([f["acc"].to_numpy() for f in trial_rounds[first]])
+    np.testing.assert_allclose([h["acc_mean"] for h in history], acc.mean(axis=1))
+    np.testing.assert_allclose([h["acc_std"] for h in history], acc.std(axis=1, ddof=0))
+
+
+# ---------------------------------------------------------------------------- Ray Tune end to end
 
 
 def run(argv) -> int:
     return run_study(STUDY, argv)
 
 
+@slow
 def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path):
     assert run(sweep_args(tmp_path, "e2e", "--pers-rate", "0.25", "0.5", "--anchors", "fedavg", "local",
-                          "--seeds", "0", rounds=3)) == 0
+                          "--seeds", "0", "--eval-every", "2", rounds=3)) == 0
     folder = tmp_path / "e2e"
     trials = pd.read_parquet(folder / "trials.parquet")
     assert len(trials) == 4 and (trials.status == "COMPLETED").all()
     assert sorted(trials.algorithm) == ["fedavg", "fedselect", "fedselect", "local"]
+    assert sorted(trials.method) == ["FedAvg", "FedSelect", "FedSelect", "Local"]
+    assert set(trials.setting) == {"synthetic, 3 shards"} and (trials.rounds_done == 3).all()
+    assert trials.version.notna().all() and trials.config_hash.is_unique and (trials.seed == 0).all()
+    assert trials.loc[trials.algorithm != "fedselect", "pers_rate"].isna().all()   # anchors: no p
+    # one compacted file per trial, no journal files left
+    assert sorted(p.name for p in (folder / "rounds").iterdir()) == sorted(f"{h}.parquet" for h in trials.config_hash)
     rounds = read_rounds(folder)
     assert len(rounds) == 4 * 3 * 3  # trials x rounds x clients
     assert not rounds.duplicated(["config_hash", "round", "client"]).any()
-    assert {"sweep", "trial_id", "config_hash", "seed", "version"} <= set(rounds.columns)
+    assert {"sweep", "trial_id", "config_hash", "seed", "version", "method", "setting"} <= set(rounds.columns)
+    assert rounds.loc[rounds["round"] == 1, "acc"].isna().all() and rounds.loc[rounds["round"] > 1, "acc"].notna().all()
     tidy = read_sweep(folder)
     assert len(tidy) == len(rounds) and (tidy.status == "COMPLETED").all()
     pd.testing.assert_frame_equal(final_rows(rounds), direct_final_rows(trials))
+    for _, trial in trials.iterrows():  # trials.parquet holds fl_core's summary of the final round
+        final = summarize_trial(rounds[rounds.config_hash == trial.config_hash])[-1]
+        assert trial.acc_mean == pytest.approx(final["acc_mean"]) and trial.mb_total == pytest.approx(final["mb_total"])
     assert (trials.threads == 1).all() and (trials.device == "cpu").all()
     assert (folder / "tables" / "methods.tex").stat().st_size > 0  # the sweep ends with its table
     assert (folder / "figures" / "accuracy_vs_round.png").stat().st_size > 0  # ... and its figures
@@ -51,18 +152,25 @@ def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path
     client, parents, children = mlflow_runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 4
+    by_hash = trials.set_index("config_hash")
     for child in children:
+        trial = by_hash.loc[child.data.tags["config_hash"]]
         assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
-        assert child.data.tags["config_hash"] in set(trials.config_hash)
-        assert child.data.params["rounds"] == "3" and "pers_rate" in child.data.params
-        history = client.get_metric_history(child.info.run_id, "acc_mean")
-        assert sorted(m.step for m in history) == [1, 2, 3]
+        assert child.info.run_name == f"{trial.method} | synthetic, 3 shards | {trial.name[:6]}"
+        params = child.data.params
+        assert params["rounds"] == "3" and ("pers_rate" in params) == (trial.algorithm == "fedselect")
+        assert not {"device", "threads", "data_root", "download", "ft_epochs"} & set(params)
+        # round 1 was not evaluated (eval_every 2): no NaN accuracy logged, traffic every round
+        assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")) == [2, 3]
+        assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "mb_total")) == [1, 2, 3]
+        assert client.get_metric_history(child.info.run_id, "acc_mean")[-1].value == pytest.approx(trial.acc_mean)
         artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"final_client_accuracy.csv", "label_histograms.json"} <= artifacts
-        if child.data.params["algorithm"] == "fedselect":
+        if params["algorithm"] == "fedselect":
             assert "fedselect_masks.npz" in artifacts
 
 
+@slow
 def test_crashed_trial_is_retried_from_its_checkpoint_with_identical_results(ray_cluster, tmp_path):
     assert run(sweep_args(tmp_path, "crash", "--pers-rate", "0.25", "--anchors", "--inject-crash-at-round", "2",
                           "--max-failures", "1", rounds=4)) == 0
@@ -76,6 +184,7 @@ def test_crashed_trial_is_retried_from_its_checkpoint_with_identical_results(ray
     client, _, children = mlflow_runs(tmp_path)
     assert len(children) == 1  # the retry continued its own run
     assert [m.step for m in client.get_metric_history(children[0].info.run_id, "acc_mean")] == [1, 2, 3, 4]
+    assert [p.name for p in (folder / "rounds").iterdir()] == [f"{trials.config_hash[0]}.parquet"]
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -87,6 +196,7 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_sweep_resumes_without_missing_or_duplicated_rows(ray_cluster, tmp_path, sig):
     name = f"interrupt-{sig.name}"
@@ -95,20 +205,24 @@ def test_interrupted_sweep_resumes_without_missing_or_duplicated_rows(ray_cluste
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     driver = subprocess.Popen([sys.executable, "sweeps/fedselect_grid.py", *argv], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rounds_dir = tmp_path / name / "rounds"
-    _wait_for(lambda: rounds_dir.exists() and len(list(rounds_dir.glob("*.parquet"))) >= 12, 120, "some rounds")
+    folder = tmp_path / name
+
+    def rounds_written() -> int:  # journal files are one round each, a compacted file all 8
+        return sum(8 if len(files) == 1 and "-r" not in files[0].name else len(files)
+                   for files in sink.round_sources(folder).values())
+
+    _wait_for(lambda: rounds_written() >= 12, 120, "some rounds")
     driver.send_signal(sig)
     driver.wait(timeout=120)
-    written = len(list(rounds_dir.glob("*.parquet")))
-    assert written < 4 * 8, "the sweep finished before it could be interrupted"
+    assert rounds_written() < 4 * 8, "the sweep finished before it could be interrupted"
 
     assert run(["--resume", "--name", name, "--results", str(tmp_path), "--verbose", "0"]) == 0
-    folder = tmp_path / name
     trials = pd.read_parquet(folder / "trials.parquet")
     assert len(trials) == 4 and (trials.status == "COMPLETED").all()
     rounds = read_rounds(folder)
     assert len(rounds) == 4 * 8 * 3
     assert not rounds.duplicated(["config_hash", "round", "client"]).any()
+    assert all("-r" not in p.name for p in (folder / "rounds").iterdir())  # every trial compacted
     pd.testing.assert_frame_equal(final_rows(rounds), direct_final_rows(trials))
     client, parents, children = mlflow_runs(tmp_path)
     assert len(parents) == 1 and len(children) == 4  # resumed trials kept their runs
@@ -117,6 +231,7 @@ def test_interrupted_sweep_resumes_without_missing_or_duplicated_rows(ray_cluste
         assert sorted(steps) == list(range(1, 9)), steps
 
 
+@slow
 def test_four_quarter_gpu_trials_run_at_once_on_one_logical_gpu(ray_cluster, tmp_path):
     assert ray_cluster.cluster_resources().get("GPU") == 1
     assert run(sweep_args(tmp_path, "pack", "--pers-rate", "0.1", "0.25", "0.5", "0.75", "--anchors",
@@ -127,6 +242,7 @@ def test_four_quarter_gpu_trials_run_at_once_on_one_logical_gpu(ray_cluster, tmp
     assert trials.started_at.max() < trials.reported_at.min()
 
 
+@slow
 @pytest.mark.parametrize("flags,needle", [
     (["--gpus-per-trial", "2"], "--gpus-per-trial 2 but the Ray cluster has 1 GPUs"),
     (["--gpus-per-trial", "1.5"], "whole GPUs"),
@@ -140,6 +256,7 @@ def test_impossible_resource_requests_fail_fast(ray_cluster, tmp_path, capsys, f
     assert not (tmp_path / "impossible" / "sweep.json").exists()
 
 
+@slow
 def test_optuna_search_with_asha(ray_cluster, tmp_path):
     assert run(sweep_args(tmp_path, "optuna", "--pers-rate", "0.1", "0.5", "--pers-limit", "0.5", "0.9",
                           "--search", "optuna", "--num-samples", "3", "--scheduler", "asha", rounds=4)) in (0, 1)
@@ -149,8 +266,13 @@ def test_optuna_search_with_asha(ray_cluster, tmp_path):
     assert trials.pers_rate.nunique() == 3  # sampled, not a grid
     rounds = read_rounds(tmp_path / "optuna")
     assert len(rounds) == int(trials.rounds_done.sum()) * 3
+    assert not rounds.duplicated(["config_hash", "round", "client"]).any()
+    for _, trial in trials.iterrows():  # the sampled values reached the trial's rows and hash
+        rows = rounds[rounds.config_hash == trial.config_hash]
+        assert (rows.pers_rate == trial.pers_rate).all() and len(rows) == trial.rounds_done * 3
 
 
+@slow
 def test_unreachable_tracking_server_warns_and_parquet_stays_complete(ray_cluster, tmp_path, capfd):
     assert run(sweep_args(tmp_path, "nomlflow", "--pers-rate", "0.25", "--anchors",
                           "--tracking-uri", "http://127.0.0.1:9")) == 0
@@ -158,18 +280,26 @@ def test_unreachable_tracking_server_warns_and_parquet_stays_complete(ray_cluste
     assert len(read_rounds(tmp_path / "nomlflow")) == 2 * 3
 
 
+@slow
 def test_baselines_and_ablation_studies_run_on_the_shared_machinery(ray_cluster, tmp_path):
-    from fl_core.config import ALGORITHMS
+    from fl_core.algorithms import ALGORITHMS
     from sweeps import ablation, baselines
     tiny = ["--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
             "--partition", "shards", "--rounds", "2", "--results", str(tmp_path), "--verbose", "0"]
-    assert run_study(baselines.STUDY, tiny + ["--name", "base"]) == 0
+    assert run_study(baselines.STUDY, tiny + ["--name", "base", "--ft-epochs", "2"]) == 0
     assert run_study(ablation.STUDY, tiny + ["--name", "abl", "--blocks", "B"]) == 0
     base = pd.read_parquet(tmp_path / "base" / "trials.parquet")
     assert sorted(base.algorithm) == sorted(ALGORITHMS) and (base.status == "COMPLETED").all()
     abl = pd.read_parquet(tmp_path / "abl" / "trials.parquet")
     assert sorted(abl.fedselect_variant) == ["gradselect", "layer", "personalize_least", "random"]
-    assert len(read_rounds(tmp_path / "base")) == len(ALGORITHMS) * 2 * 3
+    assert sorted(abl.method) == ["FedSelect", "FedSelect (layer B)", "FedSelect (personalize least)",
+                                  "FedSelect (random)"]
+    assert base.set_index("algorithm").ft_epochs.dropna().to_dict() == {"fedavg_ft": 2, "fedbabu": 2}
+    rounds = read_rounds(tmp_path / "base")
+    assert len(rounds) == len(ALGORITHMS) * 2 * 3
+    # LotteryFL's own per-client metrics reached Parquet (and nobody else's rows carry them)
+    lottery = rounds.algorithm == "lotteryfl"
+    assert rounds.loc[lottery, "lottery_sparsity"].notna().all() and rounds.loc[~lottery, "lottery_sparsity"].isna().all()
     for experiment, n in (("baselines", len(ALGORITHMS)), ("ablation", 4)):
         _, parents, children = mlflow_runs(tmp_path, experiment)
         assert len(parents) == 1 and len(children) == n
