@@ -1,15 +1,30 @@
 """Reading sweep results for analysis: Parquet only (never MLflow, never Ray).
 
 Every function takes one or more paths; each is a sweep folder (holding `trials.parquet` or
-`rounds/`) or a results folder holding sweep folders. Layout: sweeps/parquet_sink.py.
+`rounds/`) or a results folder holding sweep folders. The layout and the reader (a pyarrow dataset
+over the union of the files' schemas; per trial the compacted file, else its per-round journal
+files) are sweeps/parquet_sink.py's. Rows and statistics are fl_core.results'.
+
+Sweeps written by engine v1 load the same way: their one-file-per-(trial, round) layout is the
+journal layout; their rows carry every method's knobs and no `method`, `setting` (filled here by
+`fl_core.results.add_labels`, once per trial) or, in trials.parquet, `version` (left empty). Their
+config hashes are the old ones (the hash changed with engine v2), consistent within the sweep.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from fl_core.algorithms import params_class
+from fl_core.config import NON_SEMANTIC, RunConfig
+from fl_core.knobs import base_type, knob_fields
+from fl_core.results import add_labels, trial_row
+from sweeps.parquet_sink import read_files, read_rounds
 
 PathLike = str | Path
 
@@ -36,33 +51,89 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _folder(sweep: Path, name: str) -> pd.DataFrame:
-    files = sorted((sweep / name).glob("*.parquet"))  # temp files start with "." and are skipped
-    return _concat([pd.read_parquet(f) for f in files])
+    files = sorted(p for p in (sweep / name).glob("*.parquet") if not p.name.startswith("."))
+    return read_files(files)
 
 
-def load_rounds(paths) -> pd.DataFrame:
-    """One row per (trial, round, client) of every sweep."""
-    return _concat([_folder(s, "rounds") for s in find_sweeps(paths)])
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with `method` and `setting` filled where missing (rows of engine v1), computed once
+    per config hash."""
+    if frame.empty or ({"method", "setting"} <= set(frame.columns)
+                       and not frame["method"].isna().any() and not frame["setting"].isna().any()):
+        return frame
+    if "config_hash" not in frame:
+        return add_labels(frame)
+    firsts = add_labels(frame.drop_duplicates("config_hash")).set_index("config_hash")
+    frame = frame.copy()
+    for column in ("method", "setting"):
+        filled = frame["config_hash"].map(firsts[column])
+        frame[column] = frame[column].fillna(filled) if column in frame else filled
+    return frame
+
+
+def is_gradselect(frame: pd.DataFrame) -> pd.Series:
+    """Rows of FedSelect itself (the `gradselect` variant), not of its ablations or other methods."""
+    variant = frame["fedselect_variant"] if "fedselect_variant" in frame else pd.Series(None, index=frame.index)
+    return (frame["algorithm"] == "fedselect") & (variant.isna() | (variant == "gradselect"))
+
+
+def load_rounds(paths, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None) -> pd.DataFrame:
+    """One row per (trial, round, client) of every sweep, labelled. `columns`: read only these
+    (plus the keys); `trials`: only these config hashes."""
+    if columns is not None:
+        columns = list(dict.fromkeys(["config_hash", "round", "client", *columns]))
+    wanted = None if trials is None else set(trials)
+    return labelled(_concat([read_rounds(s, columns, wanted) for s in find_sweeps(paths)]))
 
 
 def load_trials(paths) -> pd.DataFrame:
-    """One row per trial; from trials.parquet, or rebuilt from the last round of each trial for a
-    sweep that has not finished (status `INCOMPLETE`)."""
+    """One row per trial, labelled; from trials.parquet, or rebuilt from the rows of a sweep that
+    has not finished (status `INCOMPLETE`)."""
     frames = []
     for sweep in find_sweeps(paths):
         if (sweep / "trials.parquet").exists():
-            frames.append(pd.read_parquet(sweep / "trials.parquet"))
-            continue
-        rounds = _folder(sweep, "rounds")
-        if rounds.empty:
-            continue
-        last = rounds[rounds["round"] == rounds.groupby("config_hash")["round"].transform("max")]
-        summary = last.groupby("config_hash").agg(acc_mean=("acc", "mean"), acc_std=("acc", "std"),
-                                                  rounds_done=("round", "max"))
-        config = last.drop_duplicates("config_hash").set_index("config_hash")
-        keep = [c for c in config.columns if c not in last.columns.difference(config.columns)]
-        frames.append(config[keep].join(summary).reset_index().assign(status="INCOMPLETE"))
-    return _concat(frames)
+            frames.append(read_files([sweep / "trials.parquet"]))
+        else:
+            frames.append(trials_from_rounds(read_rounds(sweep)))
+    return labelled(_concat(frames))
+
+
+def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.DataFrame:
+    """Trial rows (`fl_core.results.trial_row`) rebuilt from round rows; each keeps the hash and
+    version its rows carry."""
+    rows = []
+    for key, group in rounds.groupby("config_hash", sort=True):
+        first = group.iloc[0]
+        kept = {k: first[k] for k in ("config_hash", "version", "sweep") if k in group}
+        rows.append(trial_row(row_config(first), group, status=status) | kept)
+    return pd.DataFrame(rows)
+
+
+def row_config(row: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of a result row: its common knobs and its own method's knobs (a row of
+    engine v1 carries every method's knobs; the others are left out). Empty cells take the
+    knob's default."""
+    own = params_class(row["algorithm"])
+    values = {}
+    for cls in (RunConfig, own):
+        for f in knob_fields(cls):
+            if f.name not in row or f.name in NON_SEMANTIC:
+                continue
+            value = _plain(row[f.name])
+            if value is None and f.default is not None:
+                continue  # a column another method or sweep wrote; not this row's
+            if base_type(cls, f)[0] is int and isinstance(value, float) and value.is_integer():
+                value = int(value)  # an int column that held NaN for other rows was read as float
+            values[f.name] = value
+    return RunConfig.from_dict(values)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def load_clients(paths) -> pd.DataFrame:
@@ -77,31 +148,3 @@ def load_masks(paths) -> pd.DataFrame:
         frame["mask"] = [np.unpackbits(np.frombuffer(b, dtype=np.uint8))[:n].astype(bool)
                          for b, n in zip(frame.bits, frame.numel)]
     return frame
-
-
-METHOD_NAMES = {"fedselect": "FedSelect", "fedavg": "FedAvg", "local": "Local", "fedavg_ft": "FedAvg+FT",
-                "fedper": "FedPer", "fedrep": "FedRep", "fedbabu": "FedBABU", "lg_fedavg": "LG-FedAvg",
-                "ditto": "Ditto", "fedpac": "FedPAC", "lotteryfl": "LotteryFL"}
-VARIANT_NAMES = {"personalize_least": "personalize least", "random": "random"}
-
-
-def method_label(row) -> str:
-    """A method's display name, FedSelect ablations included (e.g. `FedSelect (layer B)`)."""
-    name = METHOD_NAMES.get(row["algorithm"], row["algorithm"])
-    variant = row.get("fedselect_variant", "gradselect") if hasattr(row, "get") else "gradselect"
-    if row["algorithm"] != "fedselect" or variant in (None, "gradselect") or pd.isna(variant):
-        return name
-    if variant == "layer":
-        return f"FedSelect (layer {row['layer_block']})"
-    return f"FedSelect ({VARIANT_NAMES.get(variant, variant)})"
-
-
-def setting_label(row) -> str:
-    """A data setting's display name, e.g. `digits, 2 shards` or `mnist, Dir(0.1)`."""
-    if row["partition"] == "shards":
-        split = f"{int(row['shards_per_client'])} shards"
-    elif row["partition"] == "dirichlet":
-        split = f"Dir({row['dir_alpha']:g})"
-    else:
-        split = "iid"
-    return f"{row['dataset']}, {split}"

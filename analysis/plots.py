@@ -9,8 +9,10 @@ Writes each figure as PNG and PDF and prints the paths:
 - `final_acc_vs_knobs`: final FedSelect accuracy against each swept knob that varies.
 
 Where a method was run with several configurations in a setting, the curves show the configuration
-with the best final accuracy (mean over seeds). A figure the results do not support is skipped
-with a printed note.
+with the best final accuracy (mean over seeds). Per-round numbers are `fl_core.results.summarize_trial`
+of each shown trial; bands over seeds are `fl_core.results.across_seeds`; rounds that were not
+evaluated (`eval_every`) have no accuracy point. Labels are the rows' `method` and `setting`
+columns. A figure the results do not support is skipped with a printed note.
 """
 from __future__ import annotations
 
@@ -25,21 +27,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from analysis.load import (
-    find_sweeps,
-    load_clients,
-    load_masks,
-    load_rounds,
-    load_trials,
-    method_label,
-    setting_label,
-)
+from analysis.load import find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
+from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
+from fl_core.results import across_seeds, summarize_trial
 
 KNOBS = ("pers_rate", "pers_limit", "dir_alpha", "local_epochs")
-# Columns of a rounds row that are not part of a trial's configuration.
-NON_CONFIG = {"seed", "config_hash", "version", "round", "client", "sweep", "trial_id", "acc_local", "acc_global",
-              "acc", "loss", "n_train", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds",
-              "round_seconds"}
+CURVES = ("acc_mean", "personal_fraction_mean", "mb_total")   # summarize_trial keys that are plotted
 
 
 # ---------------------------------------------------------------- computations (pure)
@@ -64,38 +57,46 @@ def cosine_matrix(hists: list[np.ndarray]) -> np.ndarray:
 
 
 def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per (trial, round): mean-over-clients acc and personal fraction, and the cumulative
-    communication `mb_cum` (sum over clients of bytes up + down, in 10^6 bytes, summed over rounds)."""
-    rounds = rounds.drop_duplicates(["config_hash", "round", "client"])
-    per_round = (rounds.assign(bytes=rounds["bytes_up"] + rounds["bytes_down"])
-                 .groupby(["config_hash", "round"], as_index=False)
-                 .agg(acc=("acc", "mean"), personal_fraction=("personal_fraction", "mean"), bytes=("bytes", "sum"))
-                 .sort_values(["config_hash", "round"]))
-    per_round["mb_cum"] = per_round.groupby("config_hash")["bytes"].cumsum() / 1e6
-    return per_round.drop(columns="bytes")
+    """One row per (trial, round): `config_hash`, `round` and the plotted `summarize_trial` keys
+    (mean accuracy and personal fraction over clients, cumulative MB up + down)."""
+    out = []
+    for key, rows in rounds.groupby("config_hash", sort=True):
+        history = pd.DataFrame(summarize_trial(rows))
+        out.append(history[["round", *CURVES]].assign(config_hash=key))
+    columns = ["config_hash", "round", *CURVES]
+    return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
 
 
-def _trial_table(rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per trial with its labels and a key shared by the seeds of one configuration."""
-    trials = rounds.drop_duplicates("config_hash").copy()
-    config_cols = [c for c in rounds.columns if c not in NON_CONFIG]
-    trials["method"] = trials.apply(method_label, axis=1)
-    trials["setting"] = trials.apply(setting_label, axis=1)
-    trials["config_key"] = trials[config_cols].astype(object).map(str).agg("|".join, axis=1)
-    return trials[["config_hash", "seed", "method", "setting", "config_key"]]
+def config_keys(trials: pd.DataFrame) -> pd.Series:
+    """A key per trial shared by the seeds of one configuration: its knob values but the seed."""
+    knobs = [c for c in trials.columns
+             if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC and c != "seed"]
+    return trials[knobs].astype(object).map(str).agg("|".join, axis=1)
 
 
-def method_curves(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, method, round): mean and std over seeds of the trial curves, for the
-    configuration of each method with the best final accuracy in that setting."""
-    curves = trial_curves(rounds).merge(_trial_table(rounds), on="config_hash")
-    last = curves[curves["round"] == curves.groupby("config_hash")["round"].transform("max")]
-    final = last.groupby(["setting", "method", "config_key"], as_index=False)["acc"].mean()
-    best = final.loc[final.groupby(["setting", "method"])["acc"].idxmax(), "config_key"]
-    curves = curves[curves["config_key"].isin(set(best))]
-    stats = curves.groupby(["setting", "method", "round"])[["acc", "personal_fraction", "mb_cum"]].agg(["mean", "std"])
-    stats.columns = [f"{metric}_{stat}" for metric, stat in stats.columns]
-    return stats.fillna({c: 0.0 for c in stats.columns if c.endswith("_std")}).reset_index()
+def best_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """For each (setting, method): the trials (one per seed) of the configuration with the best
+    final accuracy, mean over seeds."""
+    trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
+    trials["config_key"] = config_keys(trials)
+    final = trials.groupby(["setting", "method", "config_key"], as_index=False)["acc_mean"].mean()
+    best = set(final.loc[final.groupby(["setting", "method"])["acc_mean"].idxmax(), "config_key"])
+    return trials[trials["config_key"].isin(best)]
+
+
+def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
+    `best_trials`."""
+    chosen = best_trials(trials)[["config_hash", "setting", "method"]]
+    curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
+    rows = []
+    for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
+        row = {"setting": setting, "method": method, "round": rnd}
+        for key in CURVES:
+            mean, std, _ = across_seeds(group[key].to_numpy())
+            row |= {f"{key}_mean": mean, f"{key}_std": std}
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------- figures
@@ -126,7 +127,8 @@ def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
     for ax, setting in zip(axes[0], settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
-            _band(ax, group["round"], group["acc_mean"], group["acc_std"], method, colors[method])
+            group = group[group["acc_mean_mean"].notna()]  # rounds without evaluation have no point
+            _band(ax, group["round"], group["acc_mean_mean"], group["acc_mean_std"], method, colors[method])
         ax.set(title=setting, xlabel="round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -143,9 +145,9 @@ def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
     fig, axes = plt.subplots(2, len(settings), figsize=(4.5 * len(settings), 6.5), squeeze=False, sharex="col")
     for col, setting in enumerate(settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
-            _band(axes[0][col], group["round"], group["personal_fraction_mean"], group["personal_fraction_std"], method,
-                  colors[method])
-            _band(axes[1][col], group["round"], group["mb_cum_mean"], group["mb_cum_std"], method, colors[method])
+            _band(axes[0][col], group["round"], group["personal_fraction_mean_mean"],
+                  group["personal_fraction_mean_std"], method, colors[method])
+            _band(axes[1][col], group["round"], group["mb_total_mean"], group["mb_total_std"], method, colors[method])
         axes[0][col].set_title(setting)
         axes[1][col].set_xlabel("round")
         for ax in axes[:, col]:
@@ -165,8 +167,7 @@ def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
     if trials.empty or "acc_mean" not in trials:
         return min(have)
     candidates = trials[trials["config_hash"].isin(have) & trials["acc_mean"].notna()]
-    main = candidates[(candidates["algorithm"] == "fedselect")
-                      & candidates["fedselect_variant"].fillna("gradselect").eq("gradselect")]
+    main = candidates[is_gradselect(candidates)]
     candidates = main if not main.empty else candidates
     if candidates.empty:
         return min(have)
@@ -181,7 +182,8 @@ def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFra
     tensors = weights or tensors  # one panel per layer; biases are tiny and left out when weights exist
     ids = sorted(rows["client"].unique())
 
-    hists = clients[clients["config_hash"] == trial].drop_duplicates("client").set_index("client")
+    hists = clients[clients["config_hash"] == trial].drop_duplicates("client").set_index("client") \
+        if "config_hash" in clients else pd.DataFrame()  # sweeps without client histograms
     panels = len(tensors) + (1 if not hists.empty else 0)
     ncols = min(panels, 4)
     nrows = -(-panels // ncols)
@@ -196,7 +198,7 @@ def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFra
     for ax in axes[panels:]:
         ax.axis("off")
     info = trials[trials["config_hash"] == trial]
-    label = f"{method_label(info.iloc[0])}, {setting_label(info.iloc[0])}, seed {info.iloc[0]['seed']}" \
+    label = f"{info.iloc[0]['method']}, {info.iloc[0]['setting']}, seed {info.iloc[0]['seed']}" \
         if not info.empty else trial
     fig.suptitle(f"Final-round client × client mask IoU per layer — {label} (trial {trial})")
     fig.tight_layout()
@@ -249,13 +251,15 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     out = Path(out) if out is not None else Path(paths[0]) / "figures"
     sweeps = find_sweeps(paths)
-    rounds, trials = load_rounds(sweeps), load_trials(sweeps)
+    trials = load_trials(sweeps)
     written: list[Path] = []
 
+    shown = best_trials(trials)["config_hash"] if not trials.empty and "acc_mean" in trials else []
+    rounds = load_rounds(sweeps, trials=shown) if len(shown) else pd.DataFrame()
     if rounds.empty:
         print("skipping round figures: no per-round results")
     else:
-        stats = method_curves(rounds)
+        stats = method_curves(rounds, trials)
         written += plot_accuracy(stats, out)
         written += plot_personal_communication(stats, out)
 
@@ -267,13 +271,11 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
 
     fedselect = pd.DataFrame()
     if not trials.empty and "acc_mean" in trials:
-        fedselect = trials[(trials["algorithm"] == "fedselect") & trials["acc_mean"].notna()
-                           & trials["fedselect_variant"].fillna("gradselect").eq("gradselect")].copy()
+        fedselect = trials[is_gradselect(trials) & trials["acc_mean"].notna()].copy()
     knobs = [k for k in KNOBS if _varies(fedselect, k)]
     if not knobs:
         print("skipping final accuracy vs knobs: no FedSelect knob varies")
     else:
-        fedselect["setting"] = fedselect.apply(setting_label, axis=1)
         written += plot_knobs(fedselect, knobs, out)
     return written
 

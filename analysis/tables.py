@@ -10,7 +10,9 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
 The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
 "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
-marked "(n=k)" and the caption explains the mark.
+marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
+`fl_core.results.across_seeds`; row and column names are the `method` and `setting` columns that
+every result row carries (filled by `analysis.load.labelled` for sweeps of engine v1).
 
 Only COMPLETED trials count (INCOMPLETE ones too: load_trials gives that status to sweeps that have
 not written trials.parquet yet).
@@ -21,92 +23,30 @@ import argparse
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .load import METHOD_NAMES, load_trials, method_label, setting_label
+from fl_core.algorithms import ALGORITHMS
+from fl_core.results import across_seeds
+
+from .load import is_gradselect, labelled, load_trials
+from .render import MISSING, Table, format_cell, preview, to_latex  # noqa: F401 (the public API)
 
 TABLES = ("methods", "limit", "ablation", "grid")
 COUNTED = ("COMPLETED", "INCOMPLETE")
-MISSING = "--"
 
 
 class TableError(ValueError):
     """The results cannot make the table asked for."""
 
 
-@dataclass
-class Table:
-    """A table's numbers: `mean`, `std` and `n` (seeds) share one index and columns."""
-    name: str
-    mean: pd.DataFrame
-    std: pd.DataFrame
-    n: pd.DataFrame
-    caption: str = ""
-    best: str = "column"  # "column": bold the best of each column; "table": the best cell overall
-    row_title: str = ""   # the header of the row labels
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def usual_n(self) -> int:
-        """The most common number of seeds behind a cell (0 when the table is empty)."""
-        counts = self.n.stack()
-        counts = counts[counts > 0]
-        return int(counts.mode().min()) if len(counts) else 0
-
-    def seeds_uniform(self) -> bool:
-        counts = self.n.stack()
-        return counts[counts > 0].nunique() <= 1
-
-    def cells(self, pm: str = "±") -> pd.DataFrame:
-        """The cell texts ("mean ± std", marked "(n=k)" when k differs from the usual count); None
-        where there is no result."""
-        usual = self.usual_n
-        text = pd.DataFrame(None, index=self.mean.index, columns=self.mean.columns, dtype=object)
-        for row in self.mean.index:
-            for col in self.mean.columns:
-                text.loc[row, col] = format_cell(self.mean.loc[row, col], self.std.loc[row, col],
-                                                 int(self.n.loc[row, col]), usual, pm)
-        text.index.name, text.columns.name = None, self.row_title
-        return text
-
-    def best_mask(self) -> pd.DataFrame:
-        """True where a cell holds the best mean (of its column, or of the table) as printed, to
-        0.1%: cells that print the same best value are all bold."""
-        shown = (100 * self.mean).round(1)
-        if self.best == "table":
-            return shown.eq(shown.max().max()) & shown.notna()
-        return shown.eq(shown.max(axis=0), axis=1) & shown.notna()
-
-    def full_caption(self) -> str:
-        seeds = self.usual_n
-        if self.seeds_uniform():
-            count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
-        else:
-            count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell unless marked (n=k)"
-        legend = f"Final personalized accuracy (%), mean ± std over seeds ({count}); best in bold; -- = no result."
-        return " ".join(part for part in (self.caption, legend, *self.notes) if part)
-
-
-def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±") -> str | None:
-    if n == 0 or pd.isna(mean):
-        return None
-    text = f"{100 * mean:.1f}"
-    if n > 1 and not pd.isna(std):
-        text += f" {pm} {100 * std:.1f}"
-    if n != usual_n:
-        text += f" (n={n})"
-    return text
-
-
 # ----------------------------------------------------------------------------- selecting trials
 
 def counted(trials: pd.DataFrame) -> pd.DataFrame:
-    """The trials that count (COMPLETED, or INCOMPLETE from a sweep still running), labelled with
-    `method` and `setting`."""
+    """The trials that count (COMPLETED, or INCOMPLETE from a sweep still running), with their
+    `method` and `setting` labels."""
     if trials.empty or "status" not in trials:
         raise TableError("no trials in the results")
     keep = trials[trials["status"].isin(COUNTED) & trials["acc_mean"].notna()].copy()
@@ -114,18 +54,13 @@ def counted(trials: pd.DataFrame) -> pd.DataFrame:
         keep = keep.drop_duplicates("config_hash", keep="last")
     if keep.empty:
         raise TableError("no completed trials in the results")
-    keep["method"] = keep.apply(method_label, axis=1)
-    keep["setting"] = keep.apply(setting_label, axis=1)
-    return keep.reset_index(drop=True)
+    return labelled(keep).reset_index(drop=True)
 
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
-    return trials if {"method", "setting"} <= set(trials.columns) else counted(trials)
-
-
-def _is_gradselect(trials: pd.DataFrame) -> pd.Series:
-    variant = trials.get("fedselect_variant", pd.Series("gradselect", index=trials.index))
-    return (trials["algorithm"] == "fedselect") & (variant.isna() | (variant == "gradselect"))
+    """Trials that already went through `counted` stay as they are."""
+    ready = {"method", "setting"} <= set(trials.columns) and not trials[["method", "setting"]].isna().any().any()
+    return trials if ready else counted(trials)
 
 
 def _most_common(trials: pd.DataFrame, knobs: list[str]) -> tuple:
@@ -157,15 +92,22 @@ def _settings_order(trials: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(keys["setting"]))
 
 
-def _methods_order(labels) -> list[str]:
-    rank = {name: i for i, name in enumerate(METHOD_NAMES.values())}
-    return sorted(set(labels), key=lambda label: (rank.get(label.split(" (")[0], len(rank)), label))
+def _methods_order(trials: pd.DataFrame) -> list[str]:
+    """Method labels in the registry's order of their algorithms (fl_core.algorithms.ALGORITHMS),
+    then alphabetically (FedSelect before its ablations)."""
+    rank = {name: i for i, name in enumerate(ALGORITHMS)}
+    pairs = trials[["method", "algorithm"]].drop_duplicates()
+    order = sorted(zip(pairs["method"], pairs["algorithm"]), key=lambda p: (rank.get(p[1], len(rank)), p[0]))
+    return list(dict.fromkeys(method for method, _ in order))
 
 
 def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
               **extra) -> Table:
-    """mean/std/n of `acc_mean` over seeds for each (rows, cols) cell; absent cells get n = 0."""
-    stats = trials.groupby([rows, cols])["acc_mean"].agg(["mean", "std", "count"])
+    """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
+    absent cells get n = 0."""
+    cells = {key: across_seeds(group.to_numpy()) for key, group in trials.groupby([rows, cols])["acc_mean"]}
+    stats = pd.DataFrame(list(cells.values()), columns=["mean", "std", "count"],
+                         index=pd.MultiIndex.from_tuples(list(cells), names=[rows, cols]))
     row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())
     col_order = list(col_order) if col_order is not None else sorted(trials[cols].unique())
 
@@ -183,13 +125,13 @@ def methods_table(trials: pd.DataFrame) -> Table:
     epochs = _most_common(trials, ["local_epochs"])
     trials = _at(trials, ["local_epochs"], epochs)
     notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
-    fedselect = _is_gradselect(trials)
+    fedselect = is_gradselect(trials)
     if fedselect.any():
         knobs = ["pers_rate", "pers_limit"]
         values = _most_common(trials[fedselect], knobs)
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
         notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
-    table = summarize(trials, "method", "setting", "methods", _methods_order(trials["method"]),
+    table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
                       _settings_order(trials), caption="Methods by data setting.")
     table.row_title = "Method"
     table.notes = [n for n in notes if n]
@@ -200,7 +142,7 @@ def limit_table(trials: pd.DataFrame) -> Table:
     """Table 2: FedSelect (gradselect) by personalization limit α × data settings, at the most
     common (p, local epochs)."""
     trials = _labelled(trials)
-    fedselect = trials[_is_gradselect(trials)]
+    fedselect = trials[is_gradselect(trials)]
     if fedselect.empty:
         raise TableError("limit table: no FedSelect trials")
     knobs = ["pers_rate", "local_epochs"]
@@ -224,7 +166,7 @@ def ablation_table(trials: pd.DataFrame) -> Table:
     knobs = ["pers_rate", "pers_limit", "local_epochs"]
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
-    table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen["method"]),
+    table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen),
                       _settings_order(chosen), caption=f"FedSelect ablations ({_knob_text(knobs, values)}).")
     table.row_title = "Variant"
     return table
@@ -233,7 +175,7 @@ def ablation_table(trials: pd.DataFrame) -> Table:
 def grid_tables(trials: pd.DataFrame) -> dict[str, Table]:
     """For each (data setting, local epochs): FedSelect (gradselect) p (rows) × α (columns)."""
     trials = _labelled(trials)
-    fedselect = trials[_is_gradselect(trials)].copy()
+    fedselect = trials[is_gradselect(trials)].copy()
     if fedselect.empty:
         raise TableError("grid table: no FedSelect trials")
     fedselect["p"] = fedselect["pers_rate"].map(lambda v: f"{v:g}")
@@ -259,42 +201,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-# ----------------------------------------------------------------------------- rendering
-
-def to_latex(table: Table) -> str:
-    """The table as LaTeX: booktabs rules, the best cells in \\textbf, missing cells "--"."""
-    cells = table.cells(pm=r"$\pm$")
-    best = table.best_mask()
-    cells.columns.name = _latex_text(table.row_title)
-    styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
-        .format_index(_latex_text, axis=1)
-    styler = styler.apply(lambda _: np.where(best.to_numpy(), "font-weight: bold;", ""), axis=None)
-    caption = _latex_text(table.full_caption())
-    return styler.to_latex(hrules=True, convert_css=True, caption=caption, label=f"tab:{table.name}",
-                           position_float="centering", column_format="l" + "c" * len(cells.columns))
-
-
-def _latex_text(text: str) -> str:
-    """Plain caption text made LaTeX-safe (± and α become math)."""
-    text = str(text)
-    for char in "%_&#{}$":
-        text = text.replace(char, "\\" + char)
-    return text.replace("±", r"$\pm$").replace("α", r"$\alpha$")
-
-
-def preview(table: Table) -> str:
-    """A plain-text rendering (best cells starred)."""
-    cells = table.cells().fillna(MISSING)
-    cells = cells.where(~table.best_mask(), cells + " *")
-    return f"[{table.name}] {table.full_caption()}  (* = best)\n{cells.to_string()}"
-
-
 # ----------------------------------------------------------------------------- building
 
 def supported(trials: pd.DataFrame) -> list[str]:
     """The tables the results support."""
     trials = _labelled(trials)
-    gradselect = trials[_is_gradselect(trials)]
+    gradselect = trials[is_gradselect(trials)]
     variants = trials.loc[trials["algorithm"] == "fedselect", "method"].nunique()
     found = []
     if trials["algorithm"].nunique() > 1:

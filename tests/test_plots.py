@@ -1,16 +1,20 @@
-"""analysis.plots on the results of a real (tiny) FedSelect grid sweep run in-process on Ray."""
+"""analysis.plots: pure computations, a sweep of engine v1 (no Ray), and the results of a real
+(tiny) FedSelect grid sweep run in-process on Ray (slow)."""
 from __future__ import annotations
 
 import shutil
 
 import matplotlib.image
 import numpy as np
+import pandas as pd
 import pytest
 
-from analysis.load import load_rounds
-from analysis.plots import build_plots, iou_matrix, main, trial_curves
+from analysis.load import load_rounds, load_trials
+from analysis.plots import build_plots, iou_matrix, main, method_curves, trial_curves
 
-pytestmark = pytest.mark.slow
+from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
+
+slow = pytest.mark.slow
 
 FIGURES = ["accuracy_vs_round", "personal_fraction_communication", "mask_iou", "final_acc_vs_knobs"]
 
@@ -64,12 +68,39 @@ def _check_written(paths, out, names):
             assert path.read_bytes().startswith(b"%PDF")
 
 
+def test_v1_sweep_curves_and_figures(tmp_path, capsys):
+    write_v1_sweep(tmp_path / "old")
+    stats = method_curves(load_rounds(tmp_path), load_trials(tmp_path)).set_index(["method", "round"])
+    # per round: mean over clients per seed, then mean and std (ddof 1) over the two seeds
+    for algorithm, method in (("fedselect", "FedSelect"), ("fedavg", "FedAvg"), ("local", "Local")):
+        finals = [np.mean(V1_FINAL_ACC[(algorithm, seed)]) for seed in (0, 1)]
+        assert stats.loc[(method, 2), "acc_mean_mean"] == pytest.approx(np.mean(finals))
+        assert stats.loc[(method, 2), "acc_mean_std"] == pytest.approx(np.std(finals, ddof=1))
+        assert stats.loc[(method, 1), "acc_mean_mean"] == pytest.approx(np.mean(finals) - 0.1)
+        assert stats.loc[(method, 2), "mb_total_mean"] == pytest.approx(2 * 3 * 2000 / 1e6)
+    out = tmp_path / "figures"
+    paths = build_plots([tmp_path / "old"], out)
+    _check_written(paths, out, ["accuracy_vs_round", "personal_fraction_communication", "mask_iou"])
+    assert "skipping final accuracy vs knobs" in capsys.readouterr().out
+
+
+def test_unevaluated_rounds_have_no_accuracy_point():
+    rows = pd.DataFrame({"config_hash": "a", "round": [1, 1, 2, 2], "client": [0, 1, 0, 1],
+                         "acc": [np.nan, np.nan, 0.5, 0.7], "acc_local": np.nan, "acc_global": np.nan, "loss": 0.1,
+                         "personal_fraction": 0.0, "bytes_up": 10, "bytes_down": 5, "n_test": 1})
+    curves = trial_curves(rows)
+    assert np.isnan(curves["acc_mean"].iloc[0]) and curves["acc_mean"].iloc[1] == pytest.approx(0.6)
+    assert curves["mb_total"].tolist() == pytest.approx([30e-6, 60e-6])
+
+
+@slow
 def test_build_plots_writes_every_figure(grid_results, tmp_path):
     out = tmp_path / "figures"
     paths = build_plots([grid_results], out)
     _check_written(paths, out, FIGURES)
 
 
+@slow
 def test_cli_default_out_is_first_path_figures(grid_results, capsys):
     main([str(grid_results)])
     printed = capsys.readouterr().out.split()
@@ -77,16 +108,20 @@ def test_cli_default_out_is_first_path_figures(grid_results, capsys):
     assert (grid_results / "figures" / "accuracy_vs_round.pdf").stat().st_size > 0
 
 
+@slow
 def test_cumulative_communication_matches_pandas(grid_results):
     rounds = load_rounds([grid_results])
     curves = trial_curves(rounds)
     last = curves[curves["round"] == curves.groupby("config_hash")["round"].transform("max")].set_index("config_hash")
     expected = (rounds["bytes_up"] + rounds["bytes_down"]).groupby(rounds["config_hash"]).sum() / 1e6
     assert len(expected) >= 2 and (expected > 0).any()
-    np.testing.assert_allclose(last["mb_cum"].sort_index(), expected.sort_index())
+    np.testing.assert_allclose(last["mb_total"].sort_index(), expected.sort_index())
     assert (last["round"] == 3).all()
+    final = rounds[rounds["round"] == 3].groupby("config_hash")["acc"].mean()   # mean over clients
+    np.testing.assert_allclose(last["acc_mean"].sort_index(), final.sort_index())
 
 
+@slow
 def test_missing_masks_skip_heatmap(grid_results, tmp_path, capsys):
     copy = tmp_path / "grid"
     shutil.copytree(grid_results / "grid", copy, ignore=shutil.ignore_patterns("masks", "figures"))

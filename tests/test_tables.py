@@ -1,16 +1,24 @@
 """analysis.tables: the paper's LaTeX tables from sweep results.
 
-The first tests use hand-made trial frames (no Ray); the rest read a real small baselines sweep.
+The first tests use hand-made trial frames, then a sweep folder written in the layout of engine v1
+(no Ray); the rest read a real small baselines sweep (slow).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analysis import tables
-from analysis.load import load_trials, method_label, setting_label
+from analysis.load import load_rounds, load_trials
+from fl_core.results import round_rows
+from fl_core.simulation import Simulation
+from sweeps import parquet_sink
 
-pytestmark = pytest.mark.slow
+from conftest import tiny
+from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
+
+slow = pytest.mark.slow
 
 
 def trial(algorithm="fedselect", seed=0, acc=0.5, partition="shards", dataset="synthetic", shards=3, alpha=0.3,
@@ -133,6 +141,58 @@ def test_auto_selection(handmade):
         tables.make_tables(handmade.assign(status="ERROR"))
 
 
+# ----------------------------------------------------------------------------- sweeps of engine v1
+
+def test_v1_sweep_loads_with_labels_and_makes_its_table(tmp_path):
+    written = write_v1_sweep(tmp_path / "old")
+    rounds = load_rounds(tmp_path)                                   # a results folder holding the sweep
+    assert len(rounds) == len(written) == 6 * 2 * 3
+    assert set(rounds["method"]) == {"FedSelect", "FedAvg", "Local"} and set(rounds["setting"]) == {"synthetic, 3 shards"}
+    trials = load_trials(tmp_path / "old")
+    assert len(trials) == 6 and "version" not in trials and trials["method"].notna().all()
+    table = tables.methods_table(trials)
+    assert list(table.mean.index) == ["FedSelect", "FedAvg", "Local"]
+    column = "synthetic, 3 shards"
+    assert table.mean.loc["FedSelect", column] == pytest.approx(0.85)       # seeds: 0.8 and 0.9
+    assert table.std.loc["FedSelect", column] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+    assert table.cells().loc["FedSelect", column] == "85.0 ± 7.1"
+    assert "FedSelect at p = 0.25, α = 0.8" in table.full_caption()    # anchors' fake p = 0 is not FedSelect's
+
+
+def test_unfinished_v1_sweep_rebuilds_its_trials_from_rounds(tmp_path):
+    write_v1_sweep(tmp_path / "old", with_trials=False)
+    trials = load_trials(tmp_path / "old").set_index("config_hash")
+    assert len(trials) == 6 and set(trials["status"]) == {"INCOMPLETE"} and (trials["rounds_done"] == 2).all()
+    for n, ((algorithm, seed), final) in enumerate(V1_FINAL_ACC.items()):
+        trial = trials.loc[f"{n:012x}"]                               # keeps the hash its rows carry
+        assert (trial["algorithm"], trial["seed"]) == (algorithm, seed)
+        assert trial["acc_mean"] == pytest.approx(np.mean(final))
+        assert trial["acc_std"] == pytest.approx(np.std(final))        # over clients: ddof 0
+        assert trial["mb_total"] == pytest.approx(2 * 3 * 2000 / 1e6)
+        assert ("pers_rate" in trial and not pd.isna(trial["pers_rate"])) == (algorithm == "fedselect")
+    assert tables.methods_table(trials.reset_index()).cells().loc["FedAvg", "synthetic, 3 shards"] == "45.0 ± 7.1"
+
+
+def test_v1_and_v2_sweeps_load_together(tmp_path):
+    """A results folder with an old sweep and a new one (rows of fl_core.results, compacted)."""
+    write_v1_sweep(tmp_path / "old")
+    config = tiny(algorithm="lotteryfl", num_clients=3, rounds=2)
+    sim = Simulation(config)
+    key = config.config_hash()
+    for result in sim.run():
+        rows = pd.DataFrame(round_rows(result, config, sim.model_name, sweep="new"))
+        parquet_sink.write_round(tmp_path / "new", key, result.round, rows)
+    parquet_sink.compact_trial(tmp_path / "new", key, 2)
+    rounds = load_rounds(tmp_path)
+    assert len(rounds) == 6 * 2 * 3 + 2 * 3
+    new = rounds[rounds["config_hash"] == key]
+    assert set(new["method"]) == {"LotteryFL"} and new["lottery_sparsity"].notna().all()
+    assert rounds.loc[rounds["config_hash"] != key, "lottery_sparsity"].isna().all()
+    trials = load_trials(tmp_path)
+    assert set(trials["status"]) == {"COMPLETED", "INCOMPLETE"} and len(trials) == 7
+    assert trials.loc[trials["config_hash"] == key, "version"].notna().all()
+
+
 # ----------------------------------------------------------------------------- a real small sweep
 
 @pytest.fixture(scope="module")
@@ -151,6 +211,7 @@ def results(ray_cluster, tmp_path_factory):
     return tmp / "base"
 
 
+@slow
 def test_methods_table_from_a_real_sweep(results, tmp_path):
     written = tables.build_tables([results], out=tmp_path)
     assert list(written) == ["methods"]                      # one algorithm set, no α/p/variant spread
@@ -160,8 +221,7 @@ def test_methods_table_from_a_real_sweep(results, tmp_path):
 
     trials = load_trials(results)
     trials = trials[trials["status"] == "COMPLETED"]
-    trials = trials.assign(method=trials.apply(method_label, axis=1), setting=trials.apply(setting_label, axis=1))
-    expected = trials.groupby(["method", "setting"])["acc_mean"].agg(["mean", "std", "count"])
+    expected = trials.groupby(["method", "setting"])["acc_mean"].agg(["mean", "std", "count"])  # std: ddof 1
     settings = ["synthetic, 3 shards", "synthetic, Dir(0.3)"]                    # shards first
 
     assert header(latex) == ["Method", *settings]
@@ -181,6 +241,7 @@ def test_methods_table_from_a_real_sweep(results, tmp_path):
             assert cell.startswith("\\bfseries") == is_best, (method, setting, cell)
 
 
+@slow
 def test_missing_setting_renders_as_missing(results):
     trials = load_trials(results)
     drop = (trials["algorithm"] == "local") & (trials["partition"] == "dirichlet")
@@ -189,6 +250,7 @@ def test_missing_setting_renders_as_missing(results):
     assert body_rows(latex)["Local"][settings.index("synthetic, Dir(0.3)")] == "--"
 
 
+@slow
 def test_cli_table_choice_default_out_and_bad_path(results, tmp_path, capsys):
     assert tables.main([str(results), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
