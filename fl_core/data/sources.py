@@ -124,6 +124,20 @@ def _from_float(name: str, x_tr, y_tr, x_te, y_te, num_classes: int) -> Dataset:
 
 
 def _load_digits() -> Dataset:
+    """The split is scikit-learn's stratified `train_test_split`; importing scikit-learn takes
+    1-2.5 s (scipy), more than the rest of a small run's start, so the split arrays are cached
+    per scikit-learn version (`digits_cache_path`) and later runs read them without it."""
+    cache = digits_cache_path()
+    try:
+        with np.load(cache) as saved:
+            arrays = [saved[k] for k in ("x_tr", "y_tr", "x_te", "y_te")]
+    except (OSError, KeyError, ValueError):
+        arrays = _split_digits()
+        _write_cache(cache, dict(zip(("x_tr", "y_tr", "x_te", "y_te"), arrays)))
+    return _from_float("digits", *arrays, 10)
+
+
+def _split_digits() -> list[np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -132,7 +146,26 @@ def _load_digits() -> Dataset:
     y = bunch.target.astype(np.int64)
     x_tr, x_te, y_tr, y_te = train_test_split(
         x, y, test_size=0.3, stratify=y, random_state=DIGITS_SPLIT_SEED)
-    return _from_float("digits", x_tr, y_tr, x_te, y_te, 10)
+    return [x_tr, y_tr, x_te, y_te]
+
+
+def digits_cache_path() -> Path:
+    """`$FL_CACHE_DIR` (default ~/.cache/fl_core) / digits-split-<scikit-learn version>.npz."""
+    from importlib.metadata import version
+
+    folder = Path(os.environ.get("FL_CACHE_DIR") or Path.home() / ".cache" / "fl_core")
+    return folder / f"digits-split-{version('scikit-learn')}-seed{DIGITS_SPLIT_SEED}.npz"
+
+
+def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Atomically (temp file, then rename); a cache that cannot be written is only slower."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _load_synthetic(n_train: int = 600, n_test: int = 200, num_classes: int = 10,
