@@ -2,7 +2,10 @@
 build_federated_data."""
 
 import gzip
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +263,19 @@ def test_build_federated_bad_partition_raises():
     with pytest.raises(DataError, match="dir_alpha"):
         build_federated_data(dataset="synthetic", num_clients=3, partition="dirichlet",
                              seed=0, dir_alpha=0)
+
+
+def test_digits_split_cache_is_the_same_split_without_importing_sklearn(tmp_path, monkeypatch):
+    from fl_core.data import sources
+
+    monkeypatch.setenv("FL_CACHE_DIR", str(tmp_path))
+    fresh = sources.load_source("digits")                 # computes the split, writes the cache
+    assert sources.digits_cache_path().exists()
+    cached = sources.load_source("digits")
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(fresh, field), getattr(cached, field)), field
+    code = ("import sys; from fl_core.data.sources import load_source; load_source('digits'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "FL_CACHE_DIR": str(tmp_path)}).stdout
+    assert out.strip() == "False"
