@@ -47,6 +47,8 @@ def find_sweeps(paths: PathLike | Iterable[PathLike]) -> list[Path]:
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
+    if len(frames) == 1:  # one sweep: no copy
+        return frames[0]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -30,9 +30,10 @@ import ray  # noqa: E402
 from ray import tune  # noqa: E402
 
 from fl_core.config import RunConfig  # noqa: E402
-from fl_core.simulation import load_data  # noqa: E402
+from fl_core.data import load_data  # noqa: E402
+from sweeps.plan import grid_space  # noqa: E402
 from sweeps.resources import TrialResources  # noqa: E402
-from sweeps.trainable import data_key, run_trial  # noqa: E402
+from sweeps.trainable import run_trial  # noqa: E402
 
 
 class Timeline(tune.Callback):
@@ -43,9 +44,10 @@ class Timeline(tune.Callback):
         self.round_time: dict[str, float] = {}
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        seconds = result["summary"]["round_seconds"]
         if result["round"] == 1:
-            self.first_round[trial.trial_id] = result["reported_at"] - result["round_seconds"]
-        self.round_time[trial.trial_id] = self.round_time.get(trial.trial_id, 0.0) + result["round_seconds"]
+            self.first_round[trial.trial_id] = result["reported_at"] - seconds
+        self.round_time[trial.trial_id] = self.round_time.get(trial.trial_id, 0.0) + seconds
 
 
 def sweep(configs: list[RunConfig], refs: dict, folder: Path, reuse: bool = False) -> tuple[float, float, Timeline]:
@@ -54,8 +56,7 @@ def sweep(configs: list[RunConfig], refs: dict, folder: Path, reuse: bool = Fals
         tune.with_parameters(run_trial, data_refs=refs, sweep_dir=str(folder), sweep=folder.name,
                              resources=TrialResources(cpus=1, gpus=0)),
         {"cpu": 1})
-    space = {"trial": tune.grid_search([{k: v for k, v in c.to_dict().items()
-                                         if k not in ("device", "threads", "download")} for c in configs])}
+    space, _ = grid_space(configs, {})
     tuner = tune.Tuner(trainable, param_space=space, tune_config=tune.TuneConfig(reuse_actors=reuse),
                        run_config=tune.RunConfig(name="tune", storage_path=str(folder), verbose=0,
                                                  callbacks=[timeline]))
@@ -78,7 +79,7 @@ def main() -> None:
     short = [base.replace(seed=s, rounds=3) for s in range(4 * k)]
     with tempfile.TemporaryDirectory() as tmp:
         ray.init(num_cpus=k, include_dashboard=False, logging_level="ERROR", _temp_dir=os.path.join(tmp, "ray"))
-        refs = {data_key(c): ray.put(load_data(c)) for c in configs + short}
+        refs = {c.data_key(): ray.put(load_data(c)) for c in configs + short}
         sweep(short[:1], refs, Path(tmp) / "warm-up")  # first-sweep costs in the driver, not measured
         start1, single, t1 = sweep(configs[:1], refs, Path(tmp) / "single")
         startk, many, tk = sweep(configs[1:], refs, Path(tmp) / "many")

@@ -122,8 +122,10 @@ def round_sources(sweep_dir: str | Path) -> dict[str, list[Path]]:
 
 def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort: Sequence[str] = ()) -> pd.DataFrame:
     """Parquet files as one frame through a pyarrow dataset with the union of their schemas
-    (missing columns read as null; null-typed and narrower numeric columns are promoted).
-    `columns`: only these (those present); `sort`: keys to sort by (those present)."""
+    (missing columns read as null; null-typed and narrower numeric columns are promoted), rows
+    in file order. `columns`: only these (those present); `sort`: keys the rows must be sorted by
+    (those present): checked, and sorted only if they are not (files written by this module,
+    listed by `round_sources`, already are)."""
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
 
@@ -137,10 +139,25 @@ def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort
     dataset = factory.finish(schema)
     names = [c for c in columns if c in schema.names] if columns is not None else None
     table = dataset.to_table(columns=names)
-    keys = [(k, "ascending") for k in sort if k in table.column_names]
-    if keys:
-        table = table.sort_by(keys)
+    keys = [k for k in sort if k in table.column_names]
+    if keys and not _is_sorted(table, keys):
+        table = table.sort_by([(k, "ascending") for k in keys])
     return table.to_pandas()
+
+
+def _is_sorted(table, keys: Sequence[str]) -> bool:
+    """Whether the rows are in ascending lexicographic order of `keys` (vectorised, no copy)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows < 2:
+        return True
+    ordered = None
+    for key in reversed(keys):
+        column = table.column(key)
+        after, before = column.slice(1), column.slice(0, table.num_rows - 1)
+        greater = pc.greater(after, before)
+        ordered = greater if ordered is None else pc.or_(greater, pc.and_(pc.equal(after, before), ordered))
+    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
 
 
 def read_rounds(sweep_dir: str | Path, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None,
@@ -177,5 +194,7 @@ def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> p
     if rounds.empty or not trials_file.exists():
         return rounds
     trials = read_files([trials_file], ["config_hash", "status", "wall_seconds"])
-    trials = trials.drop_duplicates("config_hash", keep="last")
-    return rounds.merge(trials, on="config_hash", how="left")
+    trials = trials.drop_duplicates("config_hash", keep="last").set_index("config_hash")
+    for column in trials.columns:
+        rounds[column] = rounds["config_hash"].map(trials[column])
+    return rounds

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from fl_core.results import round_rows, summarize_trial
@@ -102,6 +103,11 @@ def test_read_sweep_joins_status_and_selects_columns(tmp_path, trial_rounds):
     assert list(tidy.columns) == ["config_hash", "round", "client", "acc", "status", "wall_seconds"]
     assert len(tidy) == 24 and set(tidy.loc[tidy.config_hash == first, "status"]) == {"COMPLETED"}
     assert sink.read_trial(tmp_path, first)["round"].tolist() == [1] * 4 + [2] * 4 + [3] * 4
+    # files given out of order: the reader sorts (it only skips sorting rows that already are)
+    files = [f for fs in sink.round_sources(tmp_path).values() for f in fs]
+    shuffled = sink.read_files(files[::-1], sort=sink.SORT_KEYS)
+    pd.testing.assert_frame_equal(shuffled, read_rounds(tmp_path), check_like=True)  # column order may differ
+    assert not sink._is_sorted(pa.Table.from_pandas(shuffled[::-1]), sink.SORT_KEYS)
     # the per-round summaries of a trial (fl_core's one definition) from its rows
     history = summarize_trial(sink.read_trial(tmp_path, first))
     acc = np.array([f["acc"].to_numpy() for f in trial_rounds[first]])
