@@ -13,6 +13,7 @@ from pathlib import Path
 from .errors import SweepError
 
 # Flags that may change when a sweep is resumed (where and how it runs, not what it computes).
+SWEEP_FORMAT = 2  # sweep.json of sweeps whose Tune configs are validated flat configs (engine v2)
 RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures", "resume", "name", "results",
                     "max_concurrent", "verbose")
 
@@ -41,13 +42,16 @@ def sweep_folder(study: str, args: argparse.Namespace) -> Path:
 def save_args(folder: Path, args: argparse.Namespace) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (folder / "sweep.json").write_text(json.dumps(saved, indent=1))
+    (folder / "sweep.json").write_text(json.dumps(saved | {"sweep_format": SWEEP_FORMAT}, indent=1))
 
 
 def load_args(folder: Path, current: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
     """The flags the sweep was started with (over the parser's `defaults`, for flags added since);
     the RESUME_OVERRIDES come from the `current` command line."""
     saved = vars(defaults) | json.loads((folder / "sweep.json").read_text())
+    if saved.pop("sweep_format", None) != SWEEP_FORMAT:
+        raise SweepError(f"--resume: {folder.name} was started before engine v2 and cannot be resumed; start it "
+                         f"again under another --name (its results stay readable by analysis)")
     for key in RESUME_OVERRIDES:
         saved[key] = getattr(current, key)
     saved["results"] = Path(saved["results"])

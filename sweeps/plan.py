@@ -68,6 +68,9 @@ def search_space(base: RunConfig, domains: Mapping[str, Any], columns: Mapping[s
 
 def run_config(tune_config: Mapping[str, Any]) -> RunConfig:
     """The RunConfig of a trial from its Tune config (grid or search layout, see above)."""
+    if "run" not in tune_config.get("trial", tune_config):
+        raise ValueError("this Tune config has no validated 'run' config: the sweep was started before engine v2 "
+                         "and cannot be resumed; start it again (its Parquet results stay readable by analysis)")
     if "trial" in tune_config:
         return RunConfig.from_dict(dict(tune_config["trial"]["run"]))
     flat = dict(tune_config["run"])

@@ -39,6 +39,13 @@ def test_bad_values_fail_before_any_work(tmp_path, capsys, flags, needle):
     assert not any(tmp_path.glob("*/sweep.json"))
 
 
+def test_sweeps_of_engine_v1_are_not_resumed(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "sweep.json").write_text(json.dumps({"rounds": 20, "resume": False}))  # no sweep_format
+    assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "--name", "old"]) == 2
+    assert "old was started before engine v2 and cannot be resumed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
 def test_every_knob_is_a_flag_with_its_default_in_help(study):
     parser = build_parser(study)
