@@ -18,6 +18,7 @@ files. Every read is checked for its row count and for no duplicated (trial, rou
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -111,25 +112,34 @@ def main() -> None:
     parser.add_argument("--unfinished", type=int, default=5, help="trials left as per-round journal files")
     parser.add_argument("--journal-trials", type=int, default=20,
                         help="finished trials also written one file per round, for the comparison")
-    parser.add_argument("--keep", type=Path, default=None, help="write the sweep here and keep it")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the sweep here and keep it; a later run with the same --keep reuses it")
     args = parser.parse_args()
 
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="read_sweep-"))
     folder = base / "synthetic-sweep"
     try:
         start = time.perf_counter()
-        info = write_sweep(folder, args.trials, args.rounds, args.clients, args.unfinished, args.journal_trials)
+        saved = base / "written.json"
+        if saved.exists():  # --keep of an earlier run: reuse its sweep
+            info = json.loads(saved.read_text())
+            info["journal"] = Path(info["journal"])
+            how = "reused"
+        else:
+            info = write_sweep(folder, args.trials, args.rounds, args.clients, args.unfinished, args.journal_trials)
+            saved.write_text(json.dumps(info | {"journal": str(info["journal"])}))
+            how = f"written in {time.perf_counter() - start:.0f} s"
         files = sum(len(f) for f in sink.round_sources(folder).values())
         size = sum(p.stat().st_size for p in (folder / "rounds").iterdir()) / 1e6
-        print(f"synthetic sweep: {args.trials} trials x {args.rounds} rounds x {args.clients} clients "
-              f"({args.unfinished} unfinished) = {info['rows']:,d} rows in {files:,d} files, {size:.0f} MB "
-              f"(written in {time.perf_counter() - start:.0f} s)")
+        trials = len(sink.round_sources(folder))
+        print(f"synthetic sweep: {trials} trials x {args.rounds} rounds x {args.clients} clients "
+              f"({args.unfinished} unfinished) = {info['rows']:,d} rows in {files:,d} files, {size:.0f} MB ({how})")
         rows = info["rows"]
         timed("sweeps.parquet_sink.read_sweep(folder)", lambda: sink.read_sweep(folder), rows)
         timed("read_sweep(folder, columns=[acc, method, setting, round])",
               lambda: sink.read_sweep(folder, columns=["acc", "method", "setting"]), rows)
         timed("analysis.load.load_rounds(folder)", lambda: load_rounds(folder), rows)
-        timed("analysis.load.load_trials(folder)", lambda: load_trials(folder), args.trials)
+        timed("analysis.load.load_trials(folder)", lambda: load_trials(folder), trials)
         n, jrows = len(info["journal_keys"]), info["journal_rows"]
         if n:
             per_round = timed(f"{n} trials, one file per round ({n * args.rounds:,d} files)",
