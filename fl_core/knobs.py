@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -45,9 +46,14 @@ def knob_fields(cls_or_obj) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls_or_obj) if "help" in _meta(f)]
 
 
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def base_type(cls, f: dataclasses.Field) -> tuple[type, bool]:
     """(int | float | str | bool | tuple, nullable) of a knob field."""
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = _hints(cls)[f.name]
     args = typing.get_args(hint)
     nullable = type(None) in args
     kinds = [a for a in args if a is not type(None)] or [hint]
@@ -91,12 +97,19 @@ def describe_range(meta: dict[str, Any]) -> str:
 
 
 def normalise(obj) -> None:
-    """Store ints given for float knobs as floats (so 1 and 1.0 hash alike) and lists as tuples."""
+    """Store ints given for float knobs as floats and integral floats given for int knobs as ints
+    (so 1 and 1.0 hash alike, e.g. an int column read back from Parquet as float), numpy scalars
+    as Python ones, and lists as tuples."""
     for f in knob_fields(obj):
         value = getattr(obj, f.name)
+        if hasattr(value, "item") and not isinstance(value, (list, tuple)):  # numpy scalar
+            value = value.item()
+            object.__setattr__(obj, f.name, value)
         kind, _ = base_type(type(obj), f)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(obj, f.name, float(value))
+        elif kind is int and isinstance(value, float) and value.is_integer():
+            object.__setattr__(obj, f.name, int(value))
         elif kind is tuple and isinstance(value, list):
             object.__setattr__(obj, f.name, tuple(value))
 

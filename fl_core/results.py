@@ -68,42 +68,66 @@ def across_seeds(values: Sequence[float]) -> tuple[float, float, int]:
     return float(array.mean()), float(array.std(ddof=SEED_DDOF)) if array.size > 1 else 0.0, int(array.size)
 
 
+def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.DataFrame:
+    """Per-round summaries of one or many trials, vectorised: one row per (`by`..., round), with
+    `mb_total` cumulative over each trial's rounds. This is the definition of every per-round
+    statistic; `summarize_round` and `summarize_trial` are views of it."""
+    by = [c for c in by if c in rows.columns]
+    keys = [*by, "round"]
+    up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
+    acc = rows["acc"].astype(float)
+    weight = rows["n_test"].astype(float).where(acc.notna())
+    frame = pd.DataFrame({k: rows[k] for k in keys}).assign(
+        _acc=acc, _wacc=acc * weight, _w=weight, _up=up, _down=down, _sent=up + down,
+        _local=rows["acc_local"].astype(float), _global=rows["acc_global"].astype(float),
+        _val=rows["acc_val"].astype(float) if "acc_val" in rows else math.nan,
+        _loss=rows["loss"].astype(float), _pf=rows["personal_fraction"].astype(float),
+        _part=rows["participated"].astype(float) if "participated" in rows else 1.0,
+        _secs=rows["round_seconds"].astype(float) if "round_seconds" in rows else math.nan)
+    metrics = method_metric_columns(rows)
+    for name in metrics:
+        frame[f"_m_{name}"] = rows[name].astype(float)
+    g = frame.groupby(keys, sort=True)
+    out = pd.DataFrame({
+        "acc_mean": g["_acc"].mean(),
+        "acc_std": g["_acc"].std(ddof=0),
+        "acc_weighted": g["_wacc"].sum(min_count=1) / g["_w"].sum(min_count=1),
+        "acc_local_mean": g["_local"].mean(),
+        "acc_global_mean": g["_global"].mean(),
+        "acc_val_mean": g["_val"].mean(),
+        "loss_mean": g["_loss"].mean(),
+        "personal_fraction_mean": g["_pf"].mean(),
+        "personal_fraction_std": g["_pf"].std(ddof=0),
+        "participants": g["_part"].sum().astype(int),
+        "mb_up": g["_up"].sum() / MB,
+        "mb_down": g["_down"].sum() / MB,
+        "mb_round": g["_sent"].sum() / MB,
+        "busiest_mb": g["_sent"].max() / MB,
+        "round_seconds": g["_secs"].first(),
+        **{f"{name}_mean": g[f"_m_{name}"].mean() for name in metrics},
+    }).reset_index()
+    out.insert(out.columns.get_loc("busiest_mb"), "mb_total",
+               out.groupby(by)["mb_round"].cumsum() if by else out["mb_round"].cumsum())
+    return out
+
+
 def summarize_round(rows: pd.DataFrame, mb_before: float = 0.0) -> dict[str, float]:
     """The summary of one round of one trial (`rows`: one per client), with `mb_total` counting
     `mb_before` from earlier rounds. The method's own metrics get a `<name>_mean`."""
-    up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
-    sent = float((up + down).sum()) / MB
-    out = {
-        "round": int(rows["round"].iloc[0]),
-        "acc_mean": client_mean(rows["acc"]),
-        "acc_std": client_std(rows["acc"]),
-        "acc_weighted": weighted_mean(rows["acc"], rows["n_test"]),
-        "acc_local_mean": client_mean(rows["acc_local"]),
-        "acc_global_mean": client_mean(rows["acc_global"]),
-        "acc_val_mean": client_mean(rows["acc_val"]) if "acc_val" in rows else math.nan,
-        "loss_mean": client_mean(rows["loss"]),
-        "personal_fraction_mean": client_mean(rows["personal_fraction"]),
-        "personal_fraction_std": client_std(rows["personal_fraction"]),
-        "participants": int(rows["participated"].sum()) if "participated" in rows else len(rows),
-        "mb_up": float(up.sum()) / MB,
-        "mb_down": float(down.sum()) / MB,
-        "mb_round": sent,
-        "mb_total": mb_before + sent,
-        "busiest_mb": float((up + down).max()) / MB,
-        "round_seconds": float(rows["round_seconds"].iloc[0]) if "round_seconds" in rows else math.nan,
-    }
-    for name in method_metric_columns(rows):
-        out[f"{name}_mean"] = client_mean(rows[name])
-    return out
+    summary = summarize(rows, by=()).iloc[0].to_dict()
+    summary["mb_total"] = mb_before + summary["mb_round"]
+    return _plain(summary)
 
 
 def summarize_trial(rows: pd.DataFrame) -> list[dict[str, float]]:
     """`summarize_round` for every round of one trial, in round order (cumulative MB)."""
-    out, total = [], 0.0
-    for _, group in rows.sort_values(["round", "client"]).groupby("round", sort=True):
-        summary = summarize_round(group, total)
-        total = summary["mb_total"]
-        out.append(summary)
+    return [_plain(r) for r in summarize(rows, by=()).to_dict("records")]
+
+
+def _plain(summary: dict[str, Any]) -> dict[str, Any]:
+    """Python numbers (round and participants as ints) instead of numpy scalars."""
+    out = {k: (v.item() if hasattr(v, "item") else v) for k, v in summary.items()}
+    out["round"], out["participants"] = int(out["round"]), int(out["participants"])
     return out
 
 

@@ -1,0 +1,55 @@
+"""The one result schema (fl_core/results.py): statistics defined once, rows with labels."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fl_core.config import RunConfig
+from fl_core.results import (across_seeds, add_labels, client_mean, client_std, config_columns, summarize,
+                             summarize_round, weighted_mean)
+
+
+def test_the_vectorised_summary_agrees_with_the_scalar_definitions():
+    rng = np.random.default_rng(0)
+    rows = []
+    for trial in ("a", "b"):
+        for rnd in (1, 2, 3):
+            for k in range(5):
+                acc = math.nan if (rnd == 1 or rng.random() < 0.2) else float(rng.random())
+                rows.append({"config_hash": trial, "round": rnd, "client": k, "acc": acc,
+                             "acc_local": acc, "acc_global": acc, "acc_val": math.nan, "loss": float(rng.random()),
+                             "n_test": int(rng.integers(5, 50)), "personal_fraction": float(rng.random()),
+                             "participated": True, "bytes_up": int(rng.integers(0, 1000)),
+                             "bytes_down": int(rng.integers(0, 1000)), "round_seconds": 0.5, "toy_metric": float(k)})
+    frame = pd.DataFrame(rows)
+    summary = summarize(frame)
+    assert len(summary) == 6
+    for (trial, rnd), group in frame.groupby(["config_hash", "round"]):
+        got = summary[(summary.config_hash == trial) & (summary["round"] == rnd)].iloc[0]
+        for key, expected in [("acc_mean", client_mean(group.acc)), ("acc_std", client_std(group.acc)),
+                              ("acc_weighted", weighted_mean(group.acc, group.n_test)),
+                              ("busiest_mb", (group.bytes_up + group.bytes_down).max() / 1e6),
+                              ("toy_metric_mean", 2.0)]:
+            assert (math.isnan(expected) and math.isnan(got[key])) or got[key] == pytest.approx(expected), key
+        earlier = frame[(frame.config_hash == trial) & (frame["round"] <= rnd)]
+        assert got.mb_total == pytest.approx((earlier.bytes_up + earlier.bytes_down).sum() / 1e6)
+    one = summarize_round(frame[(frame.config_hash == "a") & (frame["round"] == 2)], mb_before=1.0)
+    assert one["round"] == 2 and isinstance(one["participants"], int) and one["mb_total"] == pytest.approx(1.0 + one["mb_round"])
+    assert client_std([0.5, 0.7]) == pytest.approx(0.1)                  # ddof = 0 over clients
+    assert across_seeds([0.5, 0.7]) == (pytest.approx(0.6), pytest.approx(math.sqrt(0.02)), 2)  # ddof = 1 over seeds
+    assert across_seeds([0.5]) == (0.5, 0.0, 1)
+
+
+def test_rows_carry_labels_and_only_the_knobs_that_apply():
+    fedavg = config_columns(RunConfig(algorithm="fedavg", partition="dirichlet", dir_alpha=0.1))
+    assert fedavg["method"] == "FedAvg" and fedavg["setting"] == "digits, Dir(0.1)"
+    assert "pers_rate" not in fedavg and {"config_hash", "seed", "version"} <= set(fedavg)
+    layer = config_columns(RunConfig(fedselect_variant="layer", layer_block="C"))
+    assert layer["method"] == "FedSelect (layer C)" and layer["setting"] == "digits, 2 shards"
+    # rows of engine v1 (every method's knobs, no labels) get the same labels
+    v1 = pd.DataFrame([{**RunConfig(fedselect_variant="random").to_dict(), "ditto_lambda": 1.0, "ft_epochs": 1},
+                       {**RunConfig(algorithm="fedavg_ft").to_dict(), "pers_rate": 0.0, "fedselect_variant": "gradselect"}])
+    labelled = add_labels(v1)
+    assert labelled.method.tolist() == ["FedSelect (random)", "FedAvg+FT"]
+    assert labelled.setting.tolist() == ["digits, 2 shards"] * 2
