@@ -60,14 +60,16 @@ class LocalTrainer:
     # ---------------------------------------------------------------- training
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
                    loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
-                   ) -> tuple[State, Tensor, int]:
+                   lr: float | None = None) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained tensors
-        (Ditto's personal objective). The loss sum stays a device tensor so that callers decide
-        when to synchronise.
+        (Ditto's personal objective). `lr` overrides the base learning rate for this pass (a
+        round's scheduled lr, a fine-tuning lr). The loss sum stays a device tensor so that
+        callers decide when to synchronise.
         """
         model, sgd = self.model, self.sgd
+        step = sgd.lr if lr is None else lr
         load_state(model, state)
         model.train()
         names = [n for n in self.params if n in update]
@@ -100,22 +102,43 @@ class LocalTrainer:
                     grads = [v.clone() for v in velocity]
                 if masked_idx:
                     torch._foreach_mul_([grads[i] for i in masked_idx], [masks[i] for i in masked_idx])
-                torch._foreach_add_(trained, grads, alpha=-sgd.lr)
+                torch._foreach_add_(trained, grads, alpha=-step)
                 loss_sum += loss.detach() * idx.numel()
         for p in self.params.values():
             p.grad = None
             p.requires_grad_(True)
         return read_state(model), loss_sum, n
 
+    def gradients(self, state: Mapping[str, Tensor], x: Tensor, y: Tensor, names: list[str] | None = None,
+                  loss_fn: LossFn = cross_entropy) -> State:
+        """Dense gradients of the mean loss on (x, y) (e.g. one batch) with respect to the named
+        parameters (all by default), in train mode; no parameter is changed."""
+        names = list(self.params) if names is None else names
+        load_state(self.model, state)
+        self.model.train()
+        for name, p in self.params.items():
+            p.requires_grad_(name in names)
+        loss = loss_fn(self.model, x, y)
+        grads = torch.autograd.grad(loss, [self.params[n] for n in names])
+        for p in self.params.values():
+            p.requires_grad_(True)
+        return {n: g.detach() for n, g in zip(names, grads)}
+
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(self, state: Mapping[str, Tensor], x: Tensor, y: Tensor, batch_size: int = 1024) -> int:
-        """Number of correctly classified samples (accuracy = correct / len(y), per sample)."""
-        load_state(self.model, state)
-        self.model.eval()
+    def evaluate(self, model: Mapping[str, Tensor] | Callable[[Tensor], Tensor], x: Tensor, y: Tensor,
+                 batch_size: int = 1024) -> int:
+        """Number of correctly classified samples (accuracy = correct / len(y), per sample) of a
+        state (loaded into the shared model, eval mode) or of a predictor `x -> logits`."""
+        if callable(model):
+            predict = model
+        else:
+            load_state(self.model, model)
+            self.model.eval()
+            predict = self.model
         correct = torch.zeros((), dtype=torch.long, device=x.device)
         for start in range(0, x.shape[0], batch_size):
-            pred = self.model(x[start:start + batch_size]).argmax(dim=1)
+            pred = predict(x[start:start + batch_size]).argmax(dim=1)
             correct += (pred == y[start:start + batch_size]).sum()
         self.model.train()
         return int(correct)

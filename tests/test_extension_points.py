@@ -283,3 +283,20 @@ def test_a_methods_own_metrics_reach_the_rows_and_the_round_summary(monkeypatch)
     clash = toy_simulation(monkeypatch, Clashing, algorithm="fedavg", rounds=1)
     with pytest.raises(ValueError, match="clash with standard result columns"):
         clash.run_round()
+
+
+def test_dense_gradients_on_request_change_nothing():
+    sim = Simulation(tiny(algorithm="fedavg", rounds=1))
+    trainer, d, state = sim.trainer, sim.data.clients[0], sim.clients[0].state
+    before = {n: t.clone() for n, t in state.items()}
+    head = [n for n in trainer.params if n.startswith("classifier") or n.startswith("fc")][-2:] or list(trainer.params)[-2:]
+    grads = trainer.gradients(state, d.x_train[:16], d.y_train[:16], names=head)
+    assert set(grads) == set(head)
+    model = trainer.model
+    model.load_state_dict(state)
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(d.x_train[:16]), d.y_train[:16]).backward()
+    for n in head:
+        assert torch.allclose(grads[n], dict(model.named_parameters())[n].grad)
+    assert all(torch.equal(state[n], before[n]) for n in state)
+    assert all(p.requires_grad for p in trainer.params.values())

@@ -232,9 +232,7 @@ class Algorithm:
         (`loss_fn`, `prox`, `lr`; the lr defaults to the round's scheduled one).
         """
         seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
-        lr = self.lr(rnd)
-        if lr != self.trainer.sgd.lr:  # a scheduled round: override the trainer's base lr
-            options.setdefault("lr", lr)
+        options.setdefault("lr", self.lr(rnd))
         client.state, loss, n = self.trainer.train_pass(client.state, data.x_train, data.y_train, update, seed,
                                                         **options)
         stats.loss_sum += loss
