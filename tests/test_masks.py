@@ -1,8 +1,12 @@
-"""The masked-averaging primitive and GradSelect's entry selection, against hand computations."""
+"""The masked-averaging primitive, GradSelect's entry selection (against hand computations and
+against its plain definition), and bit-packed masks."""
+import numpy as np
 import pytest
 import torch
 
-from fl_core.masks import grow_count, mask_iou, masked_average, personal_fraction, select_largest
+from fl_core import masks
+from fl_core.masks import (PackedMask, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
+                            select_largest, select_largest_reference, unpack_bits)
 
 
 def test_masked_average_matches_hand_computation():
@@ -73,3 +77,106 @@ def test_iou_and_fraction():
     assert mask_iou(a, b) == pytest.approx(1 / 3)
     assert mask_iou(a, a) == 1.0
     assert personal_fraction(a, {"w": 4, "bias": 4}) == pytest.approx(2 / 8)
+
+
+# ---------------------------------------------------------------------- the fast selection path
+def _random_case(seed: int, shape, tie_heavy: bool):
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(shape, generator=g)
+    if tie_heavy:  # many exact zeros (taps without gradient) and a few repeated magnitudes
+        delta = torch.where(torch.rand(shape, generator=g) < 0.6, torch.zeros(shape), delta)
+        delta = torch.where(torch.rand(shape, generator=g) < 0.2, torch.full(shape, -0.5), delta)
+        delta = torch.round(delta * 4) / 4
+    personal = torch.rand(shape, generator=g) < torch.rand((), generator=g) * 0.8
+    return delta, personal
+
+
+@pytest.fixture(params=["radix everywhere", "radix above the size cut"])
+def radix_min(request, monkeypatch):
+    """Run a test with the radix path for every tensor size, and with the shipped size cut."""
+    if request.param == "radix everywhere":
+        monkeypatch.setattr(masks, "RADIX_MIN_NUMEL", 0)
+
+
+@pytest.mark.parametrize("tie_heavy", [False, True])
+@pytest.mark.parametrize("include_ties", [False, True])
+def test_fast_selection_equals_the_reference(tie_heavy, include_ties, radix_min):
+    shapes = [(7,), (3, 5), (64, 3, 3, 3), (300, 700), (70001,)]  # 70001: several blocks, ragged tail
+    for seed, shape in enumerate(shapes * 3):
+        delta, personal = _random_case(seed, shape, tie_heavy)
+        free = int((~personal).sum())
+        for count in sorted({0, 1, 2, free // 7, free // 2, max(free - 1, 0), free, free + 3}):
+            fast = select_largest(delta, personal, count, include_ties=include_ties)
+            ref = select_largest_reference(delta, personal, count, include_ties=include_ties)
+            assert fast.dtype == torch.bool and fast.shape == personal.shape
+            assert torch.equal(fast, ref), (shape, count, tie_heavy)
+            if not include_ties:
+                assert int(fast.sum()) == int(personal.sum()) + min(count, free)
+
+
+def test_fast_selection_on_extreme_values(radix_min):
+    delta = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45, 3.4e38, 0.0, 2.0, -2.0])
+    personal = torch.zeros(10, dtype=torch.bool)
+    for count in range(11):
+        assert torch.equal(select_largest(delta, personal, count), select_largest_reference(delta, personal, count))
+    # float64 scores take the reference path and give its answer
+    d64 = delta.to(torch.float64)
+    assert torch.equal(select_largest(d64, personal, 4), select_largest_reference(d64, personal, 4))
+
+
+# ---------------------------------------------------------------------- bit-packed masks at rest
+def test_pack_bits_is_numpy_packbits_and_round_trips():
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1,), (8,), (13,), (4, 3, 3), (0,), (2, 0)]:
+        m = torch.rand(shape, generator=g) < 0.5
+        packed = pack_bits(m)
+        assert packed.dtype == torch.uint8
+        assert packed.numpy().tobytes() == np.packbits(m.numpy().reshape(-1)).tobytes()
+        back = unpack_bits(packed, shape)
+        assert back.dtype == torch.bool and torch.equal(back, m)
+        # the tensor-op versions (used on GPUs) give the same bytes and bools
+        assert torch.equal(masks._pack_torch(m.reshape(-1)), packed)
+        assert torch.equal(masks._unpack_torch(packed, m.numel()).reshape(shape), m)
+        assert masks._popcount(packed) == int(m.sum())
+
+
+def test_packed_mask_behaves_like_a_dict_of_bool_tensors():
+    g = torch.Generator().manual_seed(1)
+    plain = {"a.weight": torch.rand(5, 3, generator=g) < 0.3, "b.weight": torch.rand(17, generator=g) < 0.5}
+    mask = PackedMask(plain)
+    assert list(mask) == list(plain) and len(mask) == 2 and "a.weight" in mask and "x" not in mask
+    assert mask.get("x") is None
+    assert all(torch.equal(mask[n], m) and mask[n].dtype == torch.bool for n, m in plain.items())
+    assert mask == plain and mask == PackedMask(plain) and mask != {"a.weight": plain["a.weight"]}
+    inverted = {n: ~m for n, m in mask.items()}
+    assert torch.equal(inverted["b.weight"], ~plain["b.weight"])
+    copy = mask.copy()
+    mask["a.weight"] = torch.ones(5, 3, dtype=torch.bool)  # assignment packs; the copy is independent
+    assert bool(mask["a.weight"].all()) and torch.equal(copy["a.weight"], plain["a.weight"])
+    got = mask["b.weight"]
+    got[:] = True  # a read is a fresh tensor: writing into it does not change the mask
+    assert torch.equal(mask["b.weight"], plain["b.weight"])
+    assert mask.count("b.weight") == int(plain["b.weight"].sum())
+    assert personal_fraction(mask, {"a.weight": 15, "b.weight": 17}) == pytest.approx(
+        (15 + int(plain["b.weight"].sum())) / 32)
+    del mask["a.weight"]
+    assert list(mask) == ["b.weight"]
+
+
+def test_client_state_packs_masks_and_round_trips_through_torch_save(tmp_path):
+    from fl_core.client_state import ClientState
+
+    state = {"w": torch.randn(4, 4)}
+    plain = {"w": torch.randn(4, 4) > 0}
+    client = ClientState(state=state, mask=plain, extra={"fraction": 0.25})
+    assert isinstance(client.mask, PackedMask) and client.mask == plain
+    client.mask = {"w": torch.zeros(4, 4, dtype=torch.bool)}  # assignment after construction packs too
+    assert isinstance(client.mask, PackedMask) and not client.mask["w"].any()
+    client.mask = plain
+    assert ClientState(state=state).mask is None
+    torch.save(client.to_dict(), tmp_path / "c.pt")
+    back = ClientState.from_dict(torch.load(tmp_path / "c.pt", weights_only=True))
+    assert back.mask == client.mask and torch.equal(back.state["w"], state["w"]) and back.extra == {"fraction": 0.25}
+    # a state written with plain bool masks (before masks were packed) still loads
+    legacy = ClientState.from_dict({"state": state, "mask": plain, "extra": {}})
+    assert legacy.mask == plain
