@@ -1,13 +1,32 @@
-"""Local SGD over a subset of entries, and evaluation; shared by every algorithm.
+"""Local SGD over a subset of entries, gradients and evaluation; shared by every algorithm.
 
-One model object runs every client: a client's state is loaded into it (`load_state_dict`),
-trained, and read back. Per-client data are tensors already on the device; a pass slices them
-with a seeded permutation, so there is no DataLoader and no host sync inside the training step.
+One model object runs every client. Instead of copying a client's state into the model and
+reading it back (two copies of the whole state per pass), the model's parameters and buffers are
+*pointed at* the client's tensors for the duration of a call (`Tensor.data` for parameters, the
+module's buffer slot for buffers) and pointed back at the model's own tensors afterwards:
+  - `train_pass` makes one copy (the new state, which it returns) and trains it in place;
+  - `evaluate` and `gradients` read the given state without copying its parameters.
+So between calls the model holds its own (stale) tensors and never aliases a client's state;
+code that runs the model itself loads a state first (`load_state`).
+
+Per-client data are tensors already on the device; a pass slices them with a seeded
+permutation, so there is no DataLoader and no host sync inside the training step.
+
+A round allocates and frees many model-sized tensors (new states, masks as floats, deltas,
+gradients). glibc's default malloc serves tensors above a moving threshold with fresh `mmap`s and
+returns freed heap tops to the OS, so each of them is page-faulted in again (measured here: a
+model-sized clone cost 4x the CPU time of a copy into reused memory). `tune_malloc`, called once
+when a `LocalTrainer` is built, makes glibc keep and reuse that memory instead; the peak resident
+size is unchanged (freed memory is reused, not added to). Set FL_CORE_MALLOC_TUNING=0 to opt out.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +40,8 @@ State = dict[str, Tensor]
 UpdateSpec = Mapping[str, Tensor | None]
 # A training loss other than cross-entropy: (model, x, y) -> scalar loss (e.g. FedPAC's alignment).
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+# What `evaluate` scores: a state (run on the shared model) or any predictor x -> logits.
+Evaluated = Mapping[str, Tensor] | Callable[[Tensor], Tensor]
 
 
 def cross_entropy(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
@@ -49,13 +70,95 @@ def read_state(model: nn.Module) -> State:
     return {name: t.detach().clone() for name, t in model.state_dict().items()}
 
 
+_MALLOC_TUNED: bool | None = None
+
+
+def tune_malloc() -> bool:
+    """glibc only, once per process: serve allocations up to 32 MiB (glibc's cap) from the heap
+    and never trim it, so that freed tensors' pages are reused rather than returned and faulted in
+    again. Returns whether the settings are in effect."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED is None:
+        _MALLOC_TUNED = False
+        if os.environ.get("FL_CORE_MALLOC_TUNING", "1") != "0" and platform.system() == "Linux" \
+                and platform.libc_ver()[0] == "glibc":
+            try:
+                mallopt = ctypes.CDLL("libc.so.6").mallopt
+                mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+                m_trim_threshold, m_mmap_threshold = -1, -3
+                _MALLOC_TUNED = bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+            except (OSError, AttributeError):
+                pass
+    return _MALLOC_TUNED
+
+
 class LocalTrainer:
-    """Runs passes of masked SGD and evaluations on the one shared model."""
+    """Runs passes of masked SGD, gradients and evaluations on the one shared model."""
 
     def __init__(self, model: nn.Module, sgd: SGDSettings) -> None:
+        tune_malloc()
         self.model = model
         self.sgd = sgd
         self.params = dict(model.named_parameters())
+        # Every state-dict entry: (owning module, attribute, is a parameter, the model's own tensor).
+        self._slots: dict[str, tuple[nn.Module, str, bool, Tensor]] = {}
+        for prefix, module in model.named_modules():
+            for attr, p in module._parameters.items():
+                if p is not None:
+                    self._slots.setdefault(f"{prefix}.{attr}" if prefix else attr, (module, attr, True, p.data))
+            for attr, b in module._buffers.items():
+                if b is not None and attr not in module._non_persistent_buffers_set:
+                    self._slots.setdefault(f"{prefix}.{attr}" if prefix else attr, (module, attr, False, b))
+        if list(self._slots) != list(model.state_dict()):
+            raise ValueError("LocalTrainer: the model's state-dict entries could not be mapped to its modules")
+
+    # ---------------------------------------------------------------- pointing the model at a state
+    def _check_keys(self, state: Mapping[str, Tensor]) -> None:
+        if len(state) != len(self._slots) or any(n not in state for n in self._slots):
+            missing = [n for n in self._slots if n not in state]
+            unexpected = [n for n in state if n not in self._slots]
+            raise RuntimeError(f"state does not match the model: missing keys {missing}, unexpected keys {unexpected}")
+
+    def _fits(self, name: str, t: Tensor) -> bool:
+        """Whether `t` can stand in for the model's tensor as is (same shape, dtype, device, strides)."""
+        home = self._slots[name][3]
+        if t.shape != home.shape:
+            raise RuntimeError(f"size mismatch for {name}: the state has {tuple(t.shape)}, "
+                               f"the model {tuple(home.shape)}")
+        return t.dtype == home.dtype and t.device == home.device and t.stride() == home.stride()
+
+    def copy_state(self, state: Mapping[str, Tensor]) -> State:
+        """A fresh copy of `state` laid out as the model's own tensors (what `load_state_dict`
+        would have copied into it)."""
+        self._check_keys(state)
+        out = {}
+        for name, (_, _, _, home) in self._slots.items():
+            self._fits(name, state[name])
+            out[name] = torch.empty_like(home).copy_(state[name])
+        return out
+
+    @contextmanager
+    def bound(self, state: Mapping[str, Tensor], copy_buffers: bool = False) -> Iterator[nn.Module]:
+        """The shared model computing with `state`'s tensors (no copy where they fit; in-place
+        updates of the model's parameters and buffers land in them). `copy_buffers=True` gives
+        the model copies of the buffers, so that a train-mode forward leaves `state` untouched."""
+        self._check_keys(state)
+        try:
+            for name, (module, attr, is_param, _) in self._slots.items():
+                t = state[name]
+                if not self._fits(name, t) or (copy_buffers and not is_param):
+                    t = torch.empty_like(self._slots[name][3]).copy_(t)
+                if is_param:
+                    module._parameters[attr].data = t
+                else:
+                    module._buffers[attr] = t
+            yield self.model
+        finally:
+            for module, attr, is_param, home in self._slots.values():
+                if is_param:
+                    module._parameters[attr].data = home
+                else:
+                    module._buffers[attr] = home
 
     # ---------------------------------------------------------------- training
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
@@ -63,82 +166,108 @@ class LocalTrainer:
                    lr: float | None = None) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
-        `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained tensors
-        (Ditto's personal objective). `lr` overrides the base learning rate for this pass (a
-        round's scheduled lr, a fine-tuning lr). The loss sum stays a device tensor so that
+        The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
+        never shared with it. `lr` overrides `self.sgd.lr` for this pass (per-round schedules,
+        fine-tuning). `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the
+        trained tensors (Ditto's personal objective). The loss sum stays a device tensor so that
         callers decide when to synchronise.
         """
-        model, sgd = self.model, self.sgd
-        step = sgd.lr if lr is None else lr
-        load_state(model, state)
-        model.train()
+        sgd = self.sgd
+        lr = sgd.lr if lr is None else lr
+        new = self.copy_state(state)
         names = [n for n in self.params if n in update]
         for name, p in self.params.items():
             p.requires_grad_(name in update)
         trained = [self.params[n] for n in names]
         masks = [update[n] for n in names]
         masked_idx = [i for i, m in enumerate(masks) if m is not None]
-        velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
         anchor = [prox[1][n] for n in names] if prox else None
 
         n = x.shape[0]
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
         loss_sum = torch.zeros((), device=x.device)
-        for start in range(0, n, sgd.batch_size):
-            idx = order[start:start + sgd.batch_size]
-            loss = loss_fn(model, x[idx], y[idx])
-            for p in trained:
-                p.grad = None
-            loss.backward()
-            with torch.no_grad():
-                grads = [p.grad for p in trained]
-                if sgd.weight_decay:
-                    torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
-                if anchor is not None:
-                    torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=prox[0])
-                if velocity is not None:
-                    torch._foreach_mul_(velocity, sgd.momentum)
-                    torch._foreach_add_(velocity, grads)
-                    grads = [v.clone() for v in velocity]
-                if masked_idx:
-                    torch._foreach_mul_([grads[i] for i in masked_idx], [masks[i] for i in masked_idx])
-                torch._foreach_add_(trained, grads, alpha=-step)
-                loss_sum += loss.detach() * idx.numel()
+        try:
+            with self.bound(new) as model:
+                model.train()
+                velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
+                for start in range(0, n, sgd.batch_size):
+                    idx = order[start:start + sgd.batch_size]
+                    loss = loss_fn(model, x[idx], y[idx])
+                    for p in trained:
+                        p.grad = None
+                    loss.backward()
+                    with torch.no_grad():
+                        grads = [p.grad for p in trained]
+                        if sgd.weight_decay:
+                            torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
+                        if anchor is not None:
+                            torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=prox[0])
+                        if velocity is not None:
+                            torch._foreach_mul_(velocity, sgd.momentum)
+                            torch._foreach_add_(velocity, grads)
+                            grads = [v.clone() for v in velocity]
+                        if masked_idx:
+                            torch._foreach_mul_([grads[i] for i in masked_idx], [masks[i] for i in masked_idx])
+                        torch._foreach_add_(trained, grads, alpha=-lr)
+                        loss_sum += loss.detach() * idx.numel()
+        finally:
+            self._release_grads()
+        return new, loss_sum, n
+
+    def _release_grads(self) -> None:
         for p in self.params.values():
             p.grad = None
             p.requires_grad_(True)
-        return read_state(model), loss_sum, n
 
-    def gradients(self, state: Mapping[str, Tensor], x: Tensor, y: Tensor, names: list[str] | None = None,
-                  loss_fn: LossFn = cross_entropy) -> State:
-        """Dense gradients of the mean loss on (x, y) (e.g. one batch) with respect to the named
-        parameters (all by default), in train mode; no parameter is changed."""
-        names = list(self.params) if names is None else names
-        load_state(self.model, state)
-        self.model.train()
+    def gradients(self, state: Mapping[str, Tensor], x: Tensor, y: Tensor, names: Sequence[str] | None = None,
+                  loss_fn: LossFn = cross_entropy, batch_size: int | None = None) -> State:
+        """Dense gradients of the mean loss over (x, y) w.r.t. the parameters `names` (all by
+        default), under `state`, with no update: `state` is unchanged (its BatchNorm running
+        statistics too). Train mode, as in training (BatchNorm uses batch statistics). With
+        `batch_size`, (x, y) is processed in chunks and their gradients weighted by chunk size.
+        A parameter the loss does not reach gets a zero gradient."""
+        names = list(self.params) if names is None else list(names)
+        unknown = [n for n in names if n not in self.params]
+        if unknown:
+            raise KeyError(f"gradients: {unknown} are not parameters of the model")
         for name, p in self.params.items():
             p.requires_grad_(name in names)
-        loss = loss_fn(self.model, x, y)
-        grads = torch.autograd.grad(loss, [self.params[n] for n in names])
-        for p in self.params.values():
-            p.requires_grad_(True)
-        return {n: g.detach() for n, g in zip(names, grads)}
+        n = x.shape[0]
+        chunk = n if batch_size is None else batch_size
+        try:
+            with self.bound(state, copy_buffers=True) as model:
+                model.train()
+                for start in range(0, n, chunk):
+                    xb, yb = x[start:start + chunk], y[start:start + chunk]
+                    (loss_fn(model, xb, yb) * (xb.shape[0] / n)).backward()
+                return {name: self.params[name].grad if self.params[name].grad is not None
+                        else torch.zeros_like(self.params[name]) for name in names}
+        finally:
+            self._release_grads()
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(self, model: Mapping[str, Tensor] | Callable[[Tensor], Tensor], x: Tensor, y: Tensor,
-                 batch_size: int = 1024) -> int:
-        """Number of correctly classified samples (accuracy = correct / len(y), per sample) of a
-        state (loaded into the shared model, eval mode) or of a predictor `x -> logits`."""
-        if callable(model):
-            predict = model
-        else:
-            load_state(self.model, model)
-            self.model.eval()
-            predict = self.model
-        correct = torch.zeros((), dtype=torch.long, device=x.device)
-        for start in range(0, x.shape[0], batch_size):
-            pred = predict(x[start:start + batch_size]).argmax(dim=1)
-            correct += (pred == y[start:start + batch_size]).sum()
-        self.model.train()
-        return int(correct)
+    def evaluate(self, model: Evaluated, x: Tensor, y: Tensor, batch_size: int = 1024) -> int:
+        """Number of correctly classified samples (accuracy = correct / len(y), per sample).
+
+        `model` is a state (run on the shared model in eval mode, without copying it) or a
+        callable predictor `fn(x) -> logits` (an ensemble, a model with mixed BatchNorm
+        statistics, ...), called as is under `torch.no_grad()`."""
+        if isinstance(model, Mapping):
+            with self.bound(model) as shared:
+                shared.eval()
+                try:
+                    return _count_correct(shared, x, y, batch_size)
+                finally:
+                    shared.train()
+        if not callable(model):
+            raise TypeError(f"evaluate takes a state dict or a predictor x -> logits, not {type(model).__name__}")
+        return _count_correct(model, x, y, batch_size)
+
+
+def _count_correct(fn: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, batch_size: int) -> int:
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
+    for start in range(0, x.shape[0], batch_size):
+        pred = fn(x[start:start + batch_size]).argmax(dim=1)
+        correct += (pred == y[start:start + batch_size]).sum()
+    return int(correct)
