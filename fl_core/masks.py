@@ -169,16 +169,19 @@ def masked_average(
     for name in names:
         total = torch.zeros_like(previous[name])
         weight_sum = torch.zeros_like(previous[name])
+        m = masked = None  # scratch reused across clients (no allocation per client)
         for state, contrib, w in zip(states, contributes, weights):
             mask = None if contrib is None else contrib.get(name)
             if mask is None:
                 total.add_(state[name], alpha=w)
                 weight_sum.add_(w)
             else:
-                m = mask.to(total.dtype)
+                if m is None:
+                    m, masked = torch.empty_like(total), torch.empty_like(total)
+                m.copy_(mask)
                 # value * mask first, then the same `add_(alpha=w)` as the unmasked branch: an
                 # all-True mask then rounds exactly like no mask (FedSelect p = 0 == FedAvg).
-                total.add_(state[name] * m, alpha=w)
+                total.add_(torch.mul(state[name], m, out=masked), alpha=w)
                 weight_sum.add_(m, alpha=w)
         out[name] = torch.where(weight_sum > 0, total / weight_sum.clamp_min(1e-30), previous[name])
     return out
