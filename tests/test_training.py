@@ -139,3 +139,14 @@ def test_evaluate_takes_a_state_or_a_predictor():
     with pytest.raises(TypeError, match="predictor"):
         trainer.evaluate(3, x, y)
     assert trainer.model.training  # back in train mode after evaluating a state
+
+
+def test_inplace_pass_trains_the_given_tensors_to_the_same_numbers():
+    trainer, state, x, y = setup(momentum=0.5)
+    update = {**masks_for(state, ["conv.weight"]), "head.weight": None, "bn.weight": None}
+    copied, loss_a, _ = trainer.train_pass(state, x, y, update, seed=4)
+    mine = {n: t.clone() for n, t in state.items()}
+    trained, loss_b, _ = trainer.train_pass(mine, x, y, update, seed=4, inplace=True)
+    assert torch.equal(loss_a, loss_b)
+    assert all(torch.equal(trained[n], copied[n]) for n in copied)
+    assert all(trained[n] is mine[n] for n in mine)  # the given tensors, trained in place
