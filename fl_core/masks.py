@@ -2,149 +2,23 @@
 
 A mask is a mapping tensor name -> BoolTensor over the *selectable* tensors: True = personal (the
 entry never leaves the client), False = global. Tensors without a mask are global in full. At
-rest, a client's mask is a `PackedMask` (one bit per entry, see below); every function here also
-takes a plain `dict[str, BoolTensor]`.
+rest, a client's mask is a `PackedMask` (one bit per entry; fl_core/client_state.py); every
+function here also takes a plain `dict[str, BoolTensor]`.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .client_state import PackedMask, pack_bits, unpack_bits  # noqa: F401  (mask helpers live here too)
+
 Mask = dict[str, Tensor]
 State = dict[str, Tensor]
 
 RADIX_MIN_NUMEL = 1 << 16  # below this, kthvalue is faster than two 65536-bin histograms
-PACKED_MARK = "__packed_mask__"  # key that tells a `PackedMask.to_dict()` from a plain mask dict
-_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # np.packbits order: first entry = most significant bit
-
-
-def pack_bits(mask: Tensor) -> Tensor:
-    """A bool tensor as uint8 bytes, 8 entries per byte in flat order, first entry in the most
-    significant bit, zero-padded at the end: byte for byte `np.packbits(mask.reshape(-1))`
-    (which does it on CPU, 20x faster than tensor ops; `_pack_torch` on other devices)."""
-    flat = mask.reshape(-1)
-    flat = flat if flat.dtype == torch.bool else flat != 0
-    return torch.from_numpy(np.packbits(flat.numpy())) if flat.device.type == "cpu" else _pack_torch(flat)
-
-
-def unpack_bits(packed: Tensor, shape: Sequence[int]) -> Tensor:
-    """The inverse of `pack_bits`: a fresh bool tensor of `shape`."""
-    numel = math.prod(int(s) for s in shape)
-    if packed.device.type == "cpu":
-        return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel).view(np.bool_)).reshape(tuple(shape))
-    return _unpack_torch(packed, numel).reshape(tuple(shape))
-
-
-def _pack_torch(flat: Tensor) -> Tensor:
-    pad = (-flat.numel()) % 8
-    bits = (torch.cat([flat, flat.new_zeros(pad)]) if pad else flat).view(torch.uint8).reshape(-1, 8)
-    out = bits[:, 0] << 7
-    for i in range(1, 8):
-        out |= bits[:, i] << (7 - i)
-    return out
-
-
-def _unpack_torch(packed: Tensor, numel: int) -> Tensor:
-    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=packed.device)
-    bits = torch.bitwise_and(packed.reshape(-1, 1), weights).ne_(0)  # 0/1 bytes, read as bools
-    return bits.view(torch.bool).reshape(-1)[:numel]
-
-
-def _popcount(packed: Tensor) -> int:
-    """Number of set bits in a uint8 tensor, without unpacking it (on CPU)."""
-    if packed.device.type == "cpu" and hasattr(np, "bitwise_count"):
-        return int(np.bitwise_count(packed.numpy()).sum(dtype=np.int64))
-    return int(_unpack_torch(packed, packed.numel() * 8).count_nonzero())
-
-
-class PackedMask(MutableMapping):
-    """A mask stored one bit per entry (1/8 of a bool tensor), used like `dict[str, BoolTensor]`.
-
-    `mask[name]` unpacks a *fresh* bool tensor: writing into it does not change the mask; assign
-    instead (`mask[name] = new`), which packs. Iteration order is insertion order, as a dict's.
-    Equality compares names, shapes and bits (with another `PackedMask` or a plain mapping).
-    `to_dict()` / `from_dict()` give plain tensors, ints and dicts (`torch.load(weights_only=True)`
-    safe); the packed bytes are `np.packbits` of the flattened mask, so sinks can write them as is.
-    """
-
-    __slots__ = ("_bits", "_shapes")
-
-    def __init__(self, mask: Mapping[str, Tensor] | None = None) -> None:
-        self._bits: dict[str, Tensor] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
-        if mask is not None:
-            for name, m in mask.items():
-                self[name] = m
-
-    # ---------------------------------------------------------------- the mapping
-    def __getitem__(self, name: str) -> Tensor:
-        return unpack_bits(self._bits[name], self._shapes[name])
-
-    def __setitem__(self, name: str, mask: Tensor) -> None:
-        mask = mask if mask.dtype == torch.bool else mask != 0
-        self._bits[name] = pack_bits(mask)
-        self._shapes[name] = tuple(mask.shape)
-
-    def __delitem__(self, name: str) -> None:
-        del self._bits[name], self._shapes[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._bits)
-
-    def __len__(self) -> int:
-        return len(self._bits)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._bits
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Mapping) or set(self) != set(other):
-            return False
-        if isinstance(other, PackedMask):
-            return all(self._shapes[n] == other._shapes[n] and torch.equal(b, other._bits[n])
-                       for n, b in self._bits.items())
-        return all(torch.equal(self[n], torch.as_tensor(other[n]).to(torch.bool)) for n in self)
-
-    __hash__ = None  # mutable
-
-    def __repr__(self) -> str:
-        return f"PackedMask({', '.join(f'{n}: {list(s)}' for n, s in self._shapes.items())})"
-
-    # ---------------------------------------------------------------- packed access
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
-
-    def packed(self, name: str) -> Tensor:
-        """The stored bytes of one tensor's mask (`np.packbits` layout); do not modify."""
-        return self._bits[name]
-
-    def count(self, name: str) -> int:
-        """Number of personal (True) entries of one tensor, without unpacking."""
-        return _popcount(self._bits[name])
-
-    def copy(self) -> "PackedMask":
-        out = PackedMask()
-        out._bits = {n: b.clone() for n, b in self._bits.items()}
-        out._shapes = dict(self._shapes)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {PACKED_MARK: 1, "bits": dict(self._bits), "shapes": {n: list(s) for n, s in self._shapes.items()}}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PackedMask":
-        """From `to_dict()` output, or from a plain mapping name -> bool tensor (older states)."""
-        if PACKED_MARK not in d:
-            return cls(d)
-        out = cls()
-        out._bits = dict(d["bits"])
-        out._shapes = {n: tuple(int(v) for v in s) for n, s in d["shapes"].items()}
-        return out
 
 
 def count_true(mask: Mapping[str, Tensor], name: str) -> int:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_core import masks
+from fl_core import client_state, masks
 from fl_core.masks import (PackedMask, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
                             select_largest, select_largest_reference, unpack_bits)
 
@@ -135,9 +135,9 @@ def test_pack_bits_is_numpy_packbits_and_round_trips():
         back = unpack_bits(packed, shape)
         assert back.dtype == torch.bool and torch.equal(back, m)
         # the tensor-op versions (used on GPUs) give the same bytes and bools
-        assert torch.equal(masks._pack_torch(m.reshape(-1)), packed)
-        assert torch.equal(masks._unpack_torch(packed, m.numel()).reshape(shape), m)
-        assert masks._popcount(packed) == int(m.sum())
+        assert torch.equal(client_state._pack_torch(m.reshape(-1)), packed)
+        assert torch.equal(client_state._unpack_torch(packed, m.numel()).reshape(shape), m)
+        assert client_state._popcount(packed) == int(m.sum())
 
 
 def test_packed_mask_behaves_like_a_dict_of_bool_tensors():
@@ -153,10 +153,18 @@ def test_packed_mask_behaves_like_a_dict_of_bool_tensors():
     copy = mask.copy()
     mask["a.weight"] = torch.ones(5, 3, dtype=torch.bool)  # assignment packs; the copy is independent
     assert bool(mask["a.weight"].all()) and torch.equal(copy["a.weight"], plain["a.weight"])
-    got = mask["b.weight"]
-    got[:] = True  # a read is a fresh tensor: writing into it does not change the mask
-    assert torch.equal(mask["b.weight"], plain["b.weight"])
     assert mask.count("b.weight") == int(plain["b.weight"].sum())
+    # an in-place edit of a read tensor is folded back into the bits at the mask's next use ...
+    mask["b.weight"].view(-1)[:3] = True
+    edited = plain["b.weight"].clone()
+    edited[:3] = True
+    assert mask.count("b.weight") == int(edited.sum()) and torch.equal(mask["b.weight"], edited)
+    # ... after which the mask has let go of it (at rest it holds bits only)
+    late = mask["b.weight"]
+    assert mask.count("b.weight") == int(edited.sum()) and not mask._out  # let go at this use
+    late[:] = False  # too late: not seen
+    assert torch.equal(mask["b.weight"], edited)
+    mask["b.weight"] = plain["b.weight"]
     assert personal_fraction(mask, {"a.weight": 15, "b.weight": 17}) == pytest.approx(
         (15 + int(plain["b.weight"].sum())) / 32)
     del mask["a.weight"]
