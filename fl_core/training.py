@@ -101,6 +101,10 @@ class LocalTrainer:
         self.sgd = sgd
         self.params = dict(model.named_parameters())
         # Every state-dict entry: (owning module, attribute, is a parameter, the model's own tensor).
+        # train()/eval() as a flag write per module when no module overrides `train` (nn.Module's
+        # recursive walk costs more than a small model's whole step).
+        self._modules = list(model.modules())
+        self._plain_modes = all(type(m).train is nn.Module.train for m in self._modules)
         self._slots: dict[str, tuple[nn.Module, str, bool, Tensor]] = {}
         for prefix, module in model.named_modules():
             for attr, p in module._parameters.items():
@@ -111,6 +115,13 @@ class LocalTrainer:
                     self._slots.setdefault(f"{prefix}.{attr}" if prefix else attr, (module, attr, False, b))
         if list(self._slots) != list(model.state_dict()):
             raise ValueError("LocalTrainer: the model's state-dict entries could not be mapped to its modules")
+
+    def _mode(self, training: bool) -> None:
+        if self._plain_modes:
+            for m in self._modules:
+                m.__dict__["training"] = training
+        else:
+            self.model.train(training)
 
     # ---------------------------------------------------------------- pointing the model at a state
     def _check_keys(self, state: Mapping[str, Tensor]) -> None:
@@ -195,7 +206,7 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=x.device)
         try:
             with self.bound(new) as model:
-                model.train()
+                self._mode(True)
                 velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
                 for start in range(0, n, sgd.batch_size):
                     idx = order[start:start + sgd.batch_size]
@@ -244,7 +255,7 @@ class LocalTrainer:
         chunk = n if batch_size is None else batch_size
         try:
             with self.bound(state, copy_buffers=True) as model:
-                model.train()
+                self._mode(True)
                 for start in range(0, n, chunk):
                     xb, yb = x[start:start + chunk], y[start:start + chunk]
                     (loss_fn(model, xb, yb) * (xb.shape[0] / n)).backward()
@@ -263,11 +274,11 @@ class LocalTrainer:
         statistics, ...), called as is under `torch.no_grad()`."""
         if isinstance(model, Mapping):
             with self.bound(model) as shared:
-                shared.eval()
+                self._mode(False)
                 try:
                     return _count_correct(shared, x, y, batch_size)
                 finally:
-                    shared.train()
+                    self._mode(True)
         if not callable(model):
             raise TypeError(f"evaluate takes a state dict or a predictor x -> logits, not {type(model).__name__}")
         return _count_correct(model, x, y, batch_size)
