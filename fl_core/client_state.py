@@ -168,8 +168,6 @@ class PackedMask(MutableMapping):
         return out
 
 
-
-
 class ClientState:
     """One client: its full model state (parameters and buffers) and, for masked methods, its mask."""
 
