@@ -16,8 +16,9 @@ A round allocates and frees many model-sized tensors (new states, masks as float
 gradients). glibc's default malloc serves tensors above a moving threshold with fresh `mmap`s and
 returns freed heap tops to the OS, so each of them is page-faulted in again (measured here: a
 model-sized clone cost 4x the CPU time of a copy into reused memory). `tune_malloc`, called once
-when a `LocalTrainer` is built, makes glibc keep and reuse that memory instead; the peak resident
-size is unchanged (freed memory is reused, not added to). Set FL_CORE_MALLOC_TUNING=0 to opt out.
+when a `LocalTrainer` is built, makes glibc keep and reuse that memory instead. The peak resident
+size stays about the same (10 ResNet-18 clients, 5 rounds: 2.51 GB against 2.48 GB untuned;
+either way glibc's heap holds ~0.8 GB of free fragments). FL_CORE_MALLOC_TUNING=0 opts out.
 """
 from __future__ import annotations
 
@@ -100,11 +101,12 @@ class LocalTrainer:
         self.model = model
         self.sgd = sgd
         self.params = dict(model.named_parameters())
-        # Every state-dict entry: (owning module, attribute, is a parameter, the model's own tensor).
         # train()/eval() as a flag write per module when no module overrides `train` (nn.Module's
         # recursive walk costs more than a small model's whole step).
         self._modules = list(model.modules())
         self._plain_modes = all(type(m).train is nn.Module.train for m in self._modules)
+        self._bound = False  # the model points at a caller's tensors (inside `bound`)
+        # Every state-dict entry: (owning module, attribute, is a parameter, the model's own tensor).
         self._slots: dict[str, tuple[nn.Module, str, bool, Tensor]] = {}
         for prefix, module in model.named_modules():
             for attr, p in module._parameters.items():
@@ -152,8 +154,12 @@ class LocalTrainer:
     def bound(self, state: Mapping[str, Tensor], copy_buffers: bool = False) -> Iterator[nn.Module]:
         """The shared model computing with `state`'s tensors (no copy where they fit; in-place
         updates of the model's parameters and buffers land in them). `copy_buffers=True` gives
-        the model copies of the buffers, so that a train-mode forward leaves `state` untouched."""
+        the model copies of the buffers, so that a train-mode forward leaves `state` untouched.
+        Not re-entrant: a loss or predictor must not call back into the trainer."""
+        if self._bound:
+            raise RuntimeError("LocalTrainer is already running a state (a loss_fn called back into it?)")
         self._check_keys(state)
+        self._bound = True
         try:
             for name, (module, attr, is_param, _) in self._slots.items():
                 t = state[name]
@@ -170,6 +176,7 @@ class LocalTrainer:
                     module._parameters[attr].data = home
                 else:
                     module._buffers[attr] = home
+            self._bound = False
 
     # ---------------------------------------------------------------- training
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,

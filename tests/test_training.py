@@ -150,3 +150,16 @@ def test_inplace_pass_trains_the_given_tensors_to_the_same_numbers():
     assert torch.equal(loss_a, loss_b)
     assert all(torch.equal(trained[n], copied[n]) for n in copied)
     assert all(trained[n] is mine[n] for n in mine)  # the given tensors, trained in place
+
+
+def test_a_loss_calling_back_into_the_trainer_is_refused_and_leaves_the_model_usable():
+    trainer, state, x, y = setup()
+
+    def reentrant(model, xb, yb):
+        trainer.evaluate(state, xb, yb)
+        return F.cross_entropy(model(xb), yb)
+
+    with pytest.raises(RuntimeError, match="already running"):
+        trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0, loss_fn=reentrant)
+    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0)
+    assert all(torch.equal(new[k], t) for k, t in plain_pass(state, x, y, {n: None for n in trainer.params}, 0, 0.1).items())
