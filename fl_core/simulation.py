@@ -143,7 +143,8 @@ class Simulation:
         evaluate = rnd % self.config.eval_every == 0 or rnd == self.config.rounds
         seconds, up, down = [0.0] * n, [0] * n, [0] * n
         losses, metrics, after_local = {}, {}, {}
-        server = algo.communicates and algo.neighbours(rnd, participants) is None
+        graph = algo.neighbours(rnd, participants) if algo.communicates else None  # asked once per round
+        server = algo.communicates and graph is None
         for k in participants:
             t0 = time.perf_counter()
             client, d = clients[k], data[k]
@@ -160,7 +161,7 @@ class Simulation:
 
         aggregated = algo.communicates and algo.aggregates_in(rnd)
         if aggregated:
-            traffic = self._communicate(rnd, participants)
+            traffic = self._communicate(rnd, participants, graph)
             for k, b_up, b_down in zip(traffic.clients, traffic.up, traffic.down):
                 up[k] += b_up
                 down[k] += b_down
@@ -191,10 +192,9 @@ class Simulation:
         return RoundResult(round=rnd, clients=results, seconds=time.perf_counter() - start, evaluated=evaluate,
                            lr=self.config.lr_at(rnd))
 
-    def _communicate(self, rnd: int, participants: list[int]) -> "_Placed":
+    def _communicate(self, rnd: int, participants: list[int], graph: dict[int, list[int]] | None) -> "_Placed":
         """The communication step: the server's (participants only) or the neighbours' mixing."""
         algo, clients, data = self.algorithm, self.clients, self.data.clients
-        graph = algo.neighbours(rnd, participants)
         if graph is not None:
             traffic = algo.mix_neighbours(clients, data, graph, rnd)
             return _Placed(list(range(len(clients))), traffic.up, traffic.down)
