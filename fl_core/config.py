@@ -16,6 +16,7 @@ one method, or a new method, never changes the hash of another method's runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -178,8 +179,10 @@ def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) 
     return values
 
 
+@functools.cache
 def knob_owners() -> dict[str, list[str]]:
-    """Method knob name -> the methods that declare it."""
+    """Method knob name -> the methods that declare it (computed once: it is asked for every
+    round summary, to tell a method's metric columns from knob columns)."""
     owners: dict[str, list[str]] = {}
     for algorithm in ALGORITHMS:
         for f in knob_fields(params_class(algorithm)):

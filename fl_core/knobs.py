@@ -32,8 +32,6 @@ def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | 
     """
     metadata = dict(help=help, choices=choices, low=low, high=high, low_open=low_open, high_open=high_open,
                     data=data, semantic=semantic)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: default, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -52,7 +50,7 @@ def _hints(cls) -> dict[str, Any]:
 
 
 def base_type(cls, f: dataclasses.Field) -> tuple[type, bool]:
-    """(int | float | str | bool | tuple, nullable) of a knob field."""
+    """(int | float | str | bool, nullable) of a knob field."""
     hint = _hints(cls)[f.name]
     args = typing.get_args(hint)
     nullable = type(None) in args
@@ -99,10 +97,10 @@ def describe_range(meta: dict[str, Any]) -> str:
 def normalise(obj) -> None:
     """Store ints given for float knobs as floats and integral floats given for int knobs as ints
     (so 1 and 1.0 hash alike, e.g. an int column read back from Parquet as float), numpy scalars
-    as Python ones, and lists as tuples."""
+    as Python ones."""
     for f in knob_fields(obj):
         value = getattr(obj, f.name)
-        if hasattr(value, "item") and not isinstance(value, (list, tuple)):  # numpy scalar
+        if hasattr(value, "item"):  # numpy scalar
             value = value.item()
             object.__setattr__(obj, f.name, value)
         kind, _ = base_type(type(obj), f)
@@ -110,8 +108,6 @@ def normalise(obj) -> None:
             object.__setattr__(obj, f.name, float(value))
         elif kind is int and isinstance(value, float) and value.is_integer():
             object.__setattr__(obj, f.name, int(value))
-        elif kind is tuple and isinstance(value, list):
-            object.__setattr__(obj, f.name, tuple(value))
 
 
 # ---------------------------------------------------------------------------- method parameters
@@ -180,14 +176,12 @@ def add_knob_arguments(group, cls, *, skip: tuple[str, ...] = (), defaults: dict
             allowed = f"; one of {', '.join(map(str, meta['choices']))}"
         elif meta.get("low") is not None or meta.get("high") is not None:
             allowed = f"; in {describe_range(meta)}"
-        shown = "none" if default is None else (" ".join(map(str, default)) if isinstance(default, tuple) else default)
+        shown = "none" if default is None else default
         help_text = f"{meta['help']}{allowed} (default: {shown})".replace("%", "%%")
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"help": help_text, "dest": f.name,
                                   "default": argparse.SUPPRESS if suppress_defaults else default}
-        if kind is tuple:
-            kwargs |= {"type": int, "nargs": "*", "metavar": "N"}
-        elif kind is bool and default is False and f.name not in many:
+        if kind is bool and default is False and f.name not in many:
             kwargs["action"] = "store_true"
         else:
             parse = _parse_bool if kind is bool else kind
