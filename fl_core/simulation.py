@@ -269,7 +269,7 @@ class _Placed(NamedTuple):
 
 def _caught_up(algo, client: ClientState) -> ClientState:
     """A copy of `client` after receiving the current broadcast (the client itself is unchanged)."""
-    copy = ClientState(state=dict(client.state), mask=client.mask, extra=client.extra)
+    copy = ClientState(state=dict(client.state), mask=client.mask, extra=dict(client.extra))
     algo.receive(copy)
     return copy
 

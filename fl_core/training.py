@@ -181,20 +181,23 @@ class LocalTrainer:
     # ---------------------------------------------------------------- training
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
                    loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
-                   lr: float | None = None, inplace: bool = False) -> tuple[State, Tensor, int]:
+                   lr: float | None = None, momentum: float | None = None,
+                   inplace: bool = False) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
         never shared with it. `inplace=True` instead trains `state`'s own tensors (those laid out
         as the model's) and returns a new dict of them: for a caller that drops the old state
         anyway, it saves a model-sized allocation and copy per pass, with the same numbers.
-        `lr` overrides `self.sgd.lr` for this pass (per-round schedules, fine-tuning).
+        `lr` and `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning);
+        the momentum buffer starts at zero in every pass.
         `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained
         tensors (Ditto's personal objective). The loss sum stays a device tensor so that callers
         decide when to synchronise.
         """
         sgd = self.sgd
         lr = sgd.lr if lr is None else lr
+        momentum = sgd.momentum if momentum is None else momentum
         if inplace:
             self._check_keys(state)
             new = {n: t if self._fits(n, t) else torch.empty_like(self._slots[n][3]).copy_(t) for n, t in state.items()}
@@ -214,7 +217,7 @@ class LocalTrainer:
         try:
             with self.bound(new) as model:
                 self._mode(True)
-                velocity = [torch.zeros_like(p) for p in trained] if sgd.momentum else None
+                velocity = [torch.zeros_like(p) for p in trained] if momentum else None
                 for start in range(0, n, sgd.batch_size):
                     idx = order[start:start + sgd.batch_size]
                     loss = loss_fn(model, x[idx], y[idx])
@@ -226,7 +229,7 @@ class LocalTrainer:
                         if anchor is not None:
                             torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=prox[0])
                         if velocity is not None:
-                            torch._foreach_mul_(velocity, sgd.momentum)
+                            torch._foreach_mul_(velocity, momentum)
                             torch._foreach_add_(velocity, grads)
                             grads = [v.clone() for v in velocity]
                         if masked_idx:

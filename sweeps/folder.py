@@ -13,7 +13,10 @@ from pathlib import Path
 from .errors import SweepError
 
 # Flags that may change when a sweep is resumed (where and how it runs, not what it computes).
-SWEEP_FORMAT = 2  # sweep.json of sweeps whose Tune configs are validated flat configs (engine v2)
+# sweep.json format: 2 = Tune configs are validated flat configs (engine v2); 3 = the results
+# semantics of fl_core.config.RESULTS_REVISION 3 (papers' Dirichlet, test sets under caps, method
+# protocols): a sweep of an older format would mix two semantics under one hash, so it is not resumed.
+SWEEP_FORMAT = 3
 RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures", "resume", "name", "results",
                     "max_concurrent", "verbose")
 
@@ -49,8 +52,10 @@ def load_args(folder: Path, current: argparse.Namespace, defaults: argparse.Name
     """The flags the sweep was started with (over the parser's `defaults`, for flags added since);
     the RESUME_OVERRIDES come from the `current` command line."""
     saved = vars(defaults) | json.loads((folder / "sweep.json").read_text())
-    if saved.pop("sweep_format", None) != SWEEP_FORMAT:
-        raise SweepError(f"--resume: {folder.name} was started before engine v2 and cannot be resumed; start it "
+    found = saved.pop("sweep_format", None)
+    if found != SWEEP_FORMAT:
+        raise SweepError(f"--resume: {folder.name} was written by an older version (sweep format {found or 1}, now "
+                         f"{SWEEP_FORMAT}) whose results differ for the same knobs, and cannot be resumed; start it "
                          f"again under another --name (its results stay readable by analysis)")
     for key in RESUME_OVERRIDES:
         saved[key] = getattr(current, key)

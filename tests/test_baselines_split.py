@@ -13,6 +13,8 @@ from conftest import tiny
 
 # method -> which group the server averages ("body" or "head"); the other group is personal
 SHARED_GROUP = {"fedper": "body", "fedrep": "body", "lg_fedavg": "head", "fedbabu": "body"}
+# Knobs that isolate the split: LG-FedAvg without its FedAvg warm start (tested on its own below).
+SPLIT_KNOBS = {"fedrep": {"head_epochs": 2}, "lg_fedavg": {"lg_warmup_rounds": 0}}
 
 
 def groups(sim):
@@ -30,7 +32,7 @@ def snapshot(clients):
 
 @pytest.mark.parametrize("algorithm", ["fedper", "fedrep", "lg_fedavg"])
 def test_personal_group_never_averaged_and_shared_group_is_the_clients_mean(algorithm):
-    sim = Simulation(tiny(algorithm=algorithm, rounds=2, **({"head_epochs": 2} if algorithm == "fedrep" else {})))
+    sim = Simulation(tiny(algorithm=algorithm, rounds=2, **SPLIT_KNOBS.get(algorithm, {})))
     sim.run_round()
     algo = sim.algorithm
     shared, personal = groups(sim)
@@ -55,7 +57,7 @@ def test_personal_group_never_averaged_and_shared_group_is_the_clients_mean(algo
 
 @pytest.mark.parametrize("algorithm", ["fedper", "fedrep", "lg_fedavg", "fedbabu"])
 def test_bytes_are_four_per_shared_entry_and_acc_is_the_declared_model(algorithm):
-    sim = Simulation(tiny(algorithm=algorithm, rounds=1, **({"head_epochs": 1} if algorithm == "fedrep" else {})))
+    sim = Simulation(tiny(algorithm=algorithm, rounds=1, **SPLIT_KNOBS.get(algorithm, {})))
     shared, _ = groups(sim)
     expected = BYTES_PER_ENTRY * sum(p.numel() for n, p in sim.trainer.model.named_parameters() if n in shared)
     result = sim.run_round()
@@ -140,15 +142,13 @@ def digits(algorithm, **overrides):
 
 
 # Measured final mean acc (seed 0, the evaluated model acc_global): fedper 0.898 (its acc_local:
-# 0.99), fedrep and lg_fedavg above 0.9 after 8 rounds;
-# fedbabu 0.918 after 10 rounds at lr 0.05 (at lr 0.1 its fine-tuning of the random head on the
-# large features the body learnt against it diverges in the first epoch; see the FedBABU file).
+# 0.99), fedrep and lg_fedavg above 0.9 after 8 rounds; fedbabu with the authors' fine-tuning.
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm, overrides, threshold", [
     ("fedper", dict(rounds=8), 0.8),
     ("fedrep", dict(rounds=8), 0.9),
     ("lg_fedavg", dict(rounds=8), 0.9),
-    ("fedbabu", dict(rounds=10, lr=0.05, ft_epochs=5), 0.8),
+    ("fedbabu", dict(rounds=8), 0.9),
 ])
 def test_learns_on_digits(algorithm, overrides, threshold):
     *_, last = Simulation(digits(algorithm, **overrides)).run()

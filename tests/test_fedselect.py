@@ -1,5 +1,6 @@
 """FedSelect's defining properties: growth schedule, largest-|Δ| selection, private personal
 entries, p = 0 / α = 0 equal FedAvg, and the faithful mode's differences."""
+import numpy as np
 import pytest
 import torch
 
@@ -41,11 +42,12 @@ def grow_once(variant: str, k: int):
     before_state = {n: t.clone() for n, t in client.state.items()}
     before_mask = {n: m.clone() for n, m in client.mask.items()}
     algo.local_update(k, client, data, rnd=2)
+    grown = client.extra["next_mask"]  # the mask of round 3; round 2 still trained and sends with the old one
     for name in algo.selectable:
         delta = (client.state[name] - before_state[name]).abs()
-        new = client.mask[name] & ~before_mask[name]
+        new = grown[name] & ~before_mask[name]
         assert int(new.sum()) > 0
-        yield name, delta, new, ~client.mask[name], before_mask[name]
+        yield name, delta, new, ~grown[name], before_mask[name]
 
 
 def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
@@ -55,26 +57,31 @@ def test_new_personal_entries_are_the_largest_delta_among_the_global_ones():
             assert delta[new].min() >= delta[still_global].max(), name
 
 
-def test_personal_entries_never_change_through_aggregation_and_global_ones_are_averaged():
+def test_round_t_averages_and_broadcasts_under_the_mask_it_trained_with():
+    # Paper §4.5: GradSelect's new mask is the next round's; the round's upload uses m_t.
     sim = Simulation(tiny(rounds=3))
     next(sim.run())
     algo = sim.algorithm
+    trained_with = [{n: m.clone() for n, m in c.mask.items()} for c in sim.clients]
     for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
         algo.local_update(k, c, d, rnd=2)
+    grown = [c.extra["next_mask"] for c in sim.clients]
     before = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
     sent = algo.aggregate(sim.clients, sim.data.clients, rnd=2)
     for name in algo.selectable:
         stacked = torch.stack([b[name] for b in before])
-        masks = torch.stack([c.mask[name] for c in sim.clients])
-        glob = (~masks).float()
+        glob = (~torch.stack([m[name] for m in trained_with])).float()
         expected = torch.where(glob.sum(0) > 0, (stacked * glob).sum(0) / glob.sum(0).clamp_min(1), algo.global_state[name])
         assert torch.allclose(algo.global_state[name], expected, atol=1e-6)
         for k, c in enumerate(sim.clients):
-            m = c.mask[name]
+            m = trained_with[k][name]
             assert torch.equal(c.state[name][m], before[k][name][m])          # personal: untouched
             assert torch.equal(c.state[name][~m], algo.global_state[name][~m])  # global: broadcast
+            new = grown[k][name] & ~m
+            assert new.any() and torch.equal(c.state[name][new], algo.global_state[name][new])
+            assert torch.equal(c.mask[name], grown[k][name])  # after the broadcast: the new mask
     for k, c in enumerate(sim.clients):
-        personal = sum(int(m.sum()) for m in c.mask.values())
+        personal = sum(int(m.sum()) for m in trained_with[k].values())
         assert sent.up[k] == sent.down[k] == (sum(algo.numels.values()) - personal) * BYTES_PER_ENTRY
 
 
@@ -108,19 +115,60 @@ def test_select_all_params_masks_biases_too():
     assert any(int(m.sum()) > 0 for n, m in sim.clients[0].mask.items() if n.endswith("bias"))
 
 
-def test_faithful_mode_grows_every_k_rounds_checks_before_growing_and_skips_last_aggregation():
-    # p = 0.5, alpha = 0.6: f < alpha at 0.5, so it grows once more to 0.75 (overshoots alpha).
-    sim = Simulation(tiny(fedselect_mode="faithful", mask_every=2, pers_rate=0.5, pers_limit=0.6, rounds=6))
-    fractions, results = [], []
-    for result in sim.run():
-        fractions.append(sim.clients[0].extra["fraction"])
-        results.append(result)
-    assert fractions == [0.0, 0.5, 0.5, 0.75, 0.75, 0.75]
+def reference_mask_update(p, bound, current, previous, mask):
+    """The public reference's mask update (lottery_ticket.get_mask_from_delta, invert=True),
+    restated with numpy: per tensor, skip it once its personal share exceeds `bound`; else the
+    entries whose |Δ| reaches the value at sorted position round((1 - p)·G) of the G global
+    entries' |Δ| become personal (ties included)."""
+    new = {}
+    for name, m in mask.items():
+        if m.mean() > bound:
+            new[name] = m
+            continue
+        delta = np.abs(current[name] - previous[name])
+        cutoff = np.sort(delta[~m])[int(np.round((1 - p) * (~m).sum()))]
+        new[name] = np.where(delta >= cutoff, True, m)
+    return new
+
+
+@pytest.mark.parametrize("p,alpha,every", [(0.5, 0.6, 2), (0.3, 0.5, 1)])
+def test_faithful_mode_reproduces_the_reference_masks_round_by_round(p, alpha, every):
+    rounds = 6
+    sim = Simulation(tiny(fedselect_mode="faithful", mask_every=every, pers_rate=p, pers_limit=alpha, rounds=rounds))
+    algo = sim.algorithm
+    numpy = lambda d: {n: t.detach().cpu().numpy().copy() for n, t in d.items() if n in algo.selectable}
+    trained = {}  # (round, client) -> state after local training, before the broadcast
+    update = algo.local_update
+
+    def recording_update(k, client, data, rnd):
+        stats = update(k, client, data, rnd)
+        trained[rnd, k] = numpy(client.state)
+        return stats
+
+    algo.local_update = recording_update
+    # The reference's loop (0-based round r = our round - 1): train with the current mask; at
+    # r = every, 2·every, ... the mask grows from Δ against the state of the previous update.
+    previous = [numpy(sim.clients[k].state) for k in range(len(sim.clients))]
+    masks = [{n: np.zeros(algo.numels[n], bool).reshape(previous[0][n].shape) for n in algo.selectable}
+             for _ in sim.clients]
+    fractions = []
+    results = list(sim.run())
+    for rnd in range(1, rounds + 1):
+        for k, client in enumerate(sim.clients):
+            if (rnd - 1) % every == 0 and rnd > 1:
+                masks[k] = reference_mask_update(p, alpha, trained[rnd, k], previous[k], masks[k])
+                previous[k] = trained[rnd, k]
+        fractions.append(sum(int(m.sum()) for m in masks[0].values()) / sum(algo.numels.values()))
+    for k, client in enumerate(sim.clients):  # the masks after the last round are the reference's
+        for name in algo.selectable:
+            assert np.array_equal(client.mask[name].numpy(), masks[k][name]), (k, name)
+    assert [r.clients[0].personal_fraction for r in results] == pytest.approx(fractions)
+    assert fractions[0] == 0.0 and fractions[-1] > 0
+    if (p, alpha) == (0.5, 0.6):  # 0.5 <= alpha, so each tensor grows once more: past alpha
+        assert max(int(m.sum()) / m.size for m in masks[0].values()) > alpha
     assert all(c.bytes_up == 0 for c in results[-1].clients)          # last round: no aggregation
     assert all(c.acc_global == c.acc_local for c in results[-1].clients)
     assert all(c.bytes_up > 0 for c in results[-2].clients)
-    for name in sim.algorithm.selectable:  # ties at the cut-off are included: at least the count
-        assert int(sim.clients[0].mask[name].sum()) >= grow_count(sim.algorithm.numels[name], 0.75)
 
 
 # ---------------------------------------------------------------------- ablations (Table 3)

@@ -43,7 +43,7 @@ def test_sweeps_of_engine_v1_are_not_resumed(tmp_path, capsys):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "sweep.json").write_text(json.dumps({"rounds": 20, "resume": False}))  # no sweep_format
     assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "--name", "old"]) == 2
-    assert "old was started before engine v2 and cannot be resumed" in capsys.readouterr().err
+    assert "old was written by an older version (sweep format 1, now 3)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)

@@ -158,9 +158,9 @@ class Algorithm:
         self.global_state.update(masked_average(
             self.global_state, [c.state for c in clients], contribs,
             self.aggregation_weights(data), self.shared_names()))
+        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]  # before `receive` may change masks
         for client in clients:
             self.receive(client)
-        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
         return Traffic(up=sent, down=list(sent))
 
     def mix_neighbours(self, clients: Sequence[ClientState], data: Sequence[ClientData],

@@ -1,10 +1,16 @@
 """FedAvg+FT — FedAvg, then each client fine-tunes the global model on its own data before it is
 evaluated (the fine-tuning baseline of e.g. Yu et al. 2020, "Salvaging Federated Learning by
-Local Adaptation", and of the FedSelect paper).
+Local Adaptation", and of the FedSelect paper, which does not state its fine-tuning protocol).
 
 Evaluated per client: the broadcast global model after `ft_epochs` epochs of local SGD on all
-parameters. The fine-tuned copy is only evaluated; federated training continues from the
-un-tuned global model.
+parameters (`acc`); the same model before fine-tuning is `acc_global`. The fine-tuned copy is
+only evaluated; federated training continues from the un-tuned global model.
+
+Default protocol (`ft_epochs`, `ft_lr`, `ft_momentum` left at none): fine-tune for as many epochs
+as a round's local update (`local_epochs`) with the training optimizer (`lr` of the round,
+`momentum`). A fine-tuning budget below the local update's would hand FedAvg+FT less local
+adaptation than every personalized method gets each round (with 1 epoch at lr 0.1 after 5-epoch
+rounds, some digits clients collapse to one class: 0.912 vs 0.987 on 2 shards per client).
 """
 from __future__ import annotations
 
@@ -19,16 +25,52 @@ from .base import Algorithm
 
 @dataclass(frozen=True)
 class FineTuneParams(MethodParams):
-    ft_epochs: int = knob(1, "fine-tuning epochs before each evaluation", low=0)
+    """Fine-tuning before evaluation. None = the method's own protocol (see its file)."""
+
+    ft_epochs: int | None = knob(None, "fine-tuning epochs before each evaluation (none: the method's protocol, "
+                                 "FedAvg+FT local_epochs, FedBABU max(5, local_epochs))", low=0)
+    ft_lr: float | None = knob(None, "fine-tuning learning rate (none: FedAvg+FT the round's lr, FedBABU 0.001)",
+                               low=0, low_open=True)
+    ft_momentum: float | None = knob(None, "fine-tuning SGD momentum (none: FedAvg+FT the training momentum, "
+                                     "FedBABU 0.9)", low=0, high=1, high_open=True)
 
 
-class FedAvgFT(Algorithm):
-    name = "fedavg_ft"
-    display = "FedAvg+FT"
+@dataclass(frozen=True)
+class FineTuneProtocol:
+    """A method's fine-tuning defaults; `resolve` fills the knobs left at None."""
+
+    min_epochs: int = 0            # epochs at least (on top of matching local_epochs)
+    lr: float | None = None        # None: the round's scheduled training lr
+    momentum: float | None = None  # None: the training momentum
+
+    def resolve(self, params: FineTuneParams, local_epochs: int) -> tuple[int, float | None, float | None]:
+        """(epochs, lr or None for the round's lr, momentum or None for the training one)."""
+        epochs = max(self.min_epochs, local_epochs) if params.ft_epochs is None else params.ft_epochs
+        lr = self.lr if params.ft_lr is None else params.ft_lr
+        momentum = self.momentum if params.ft_momentum is None else params.ft_momentum
+        return epochs, lr, momentum
+
+
+class FineTuning(Algorithm):
+    """Shared by the methods that fine-tune a copy of the client's model for evaluation."""
+
     Params = FineTuneParams
     acc_from = "custom"
+    protocol = FineTuneProtocol()
+
+    def fine_tune_settings(self) -> tuple[int, float | None, float | None]:
+        return self.protocol.resolve(self.params, self.config.local_epochs)
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
-        tuned = ClientState(state=dict(client.state))
-        self.run_epochs(k, tuned, data, rnd, self.params.ft_epochs, self.full_update(), purpose="finetune")
+        epochs, lr, momentum = self.fine_tune_settings()
+        tuned = ClientState(state=dict(client.state))  # train_pass returns new tensors: no aliasing
+        options = {"momentum": self.config.momentum if momentum is None else momentum}
+        if lr is not None:  # else the round's scheduled training lr
+            options["lr"] = lr
+        self.run_epochs(k, tuned, data, rnd, epochs, self.full_update(), purpose="finetune", **options)
         return tuned.state
+
+
+class FedAvgFT(FineTuning):
+    name = "fedavg_ft"
+    display = "FedAvg+FT"

@@ -8,6 +8,15 @@ client (after the server step).
 The representation (the registry's body) is shared and averaged; the head stays on the client.
 A local update alternates once: first `head_epochs` epochs on the head with the body frozen,
 then `local_epochs` epochs on the body with the (new) head frozen.
+
+Budget: in the authors' code (github.com/lgcollins/FedRep, `--local_ep 10 --local_rep_ep 1`) a
+round is at least 10 passes over the data, the last `local_rep_ep` = 1 on the body and the rest
+(9) on the head. Here `head_epochs` defaults to `local_epochs`, so a FedRep round makes
+2 x local_epochs passes (local_epochs on the personal part, the head, then as many on the shared
+part, the body) — the same as FedSelect's LocalAlt (a personal and a global pass per epoch) and
+Ditto (local_epochs on the global model and as many on the personal one); v1 of this platform
+made 10 + local_epochs. Set `--head-epochs 9 --local-epochs 1` for the
+authors' split.
 """
 from __future__ import annotations
 
@@ -21,7 +30,8 @@ from .base import Algorithm, LocalStats
 
 @dataclass(frozen=True)
 class FedRepParams(MethodParams):
-    head_epochs: int = knob(10, "epochs training the head (body frozen) before the body epochs", low=0)
+    head_epochs: int | None = knob(None, "epochs training the head (body frozen) before the local_epochs body epochs "
+                                   "(none: local_epochs)", low=0)
 
 
 class FedRep(Algorithm):
@@ -31,7 +41,8 @@ class FedRep(Algorithm):
     acc_from = "global"
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        head = self.run_epochs(k, client, data, rnd, self.params.head_epochs,
+        head_epochs = self.config.local_epochs if self.params.head_epochs is None else self.params.head_epochs
+        head = self.run_epochs(k, client, data, rnd, head_epochs,
                                {n: None for n in self.head_names}, purpose="head")
         body = self.run_epochs(k, client, data, rnd, self.config.local_epochs,
                                {n: None for n in self.body_names}, purpose="global")

@@ -11,6 +11,13 @@ per tensor, so that the personal fraction f grows as f <- min(α, f + p(1 - f)).
 averages only global entries (`masks.masked_average`); personal entries never leave the client.
 With p = 0 or α = 0 nothing becomes personal and the run is exactly FedAvg.
 
+The mask GradSelect returns in round t is the mask of round t + 1 (the paper, §4.5: "m_{t+1} is
+the mask to be used for local updates in the subsequent communication round"; GradSelect returns
+the parameters trained under m_t). So round t's upload, average and broadcast use the mask the
+client trained with, m_t: entries that became personal in round t are still averaged once and
+start their personal life from the round-t global value. The public reference code does the
+same (it uploads and broadcasts with the training mask). Both modes follow this rule.
+
 Ablations (the paper's Table 3), chosen by `fedselect_variant`; they change only which entries
 become personal, never the schedule:
 - `personalize_least`: the still-global entries with the *smallest* |Δ| become personal;
@@ -18,15 +25,22 @@ become personal, never the schedule:
 - `layer`: no selection at all; one whole block (`layer_block`, A-D as defined in
   fl_core/models.py) is personal from the start and everything else stays global.
 
-`fedselect_mode="faithful"` follows the public reference code where it differs: the mask grows
-every `mask_every` rounds with Δ measured since the start of that period, f grows whenever
-f < α (so it may overshoot α), every entry tied at the cut-off is taken, and the last round is
-not aggregated.
+`fedselect_mode="faithful"` follows the public reference code (github.com/lapisrocks/fedselect,
+`fedselect.py` and `lottery_ticket.py`) where it differs from the paper's description:
+- the mask grows at the 0-based rounds k, 2k, 3k, ... (k = `mask_every`), never in round 0:
+  here the 1-based rounds k + 1, 2k + 1, ...;
+- Δ is measured from the client's state after local training (before the broadcast) at its
+  previous mask update (the initial model before the first), not from the start of LocalAlt;
+- per tensor, the mask grows whenever that tensor's personal share is at most α (checked
+  before growing, so it may overshoot α), by the global entries whose |Δ| reaches the value at
+  sorted position round((1 - p)·G) of the G global entries' |Δ| (numpy's round), ties included;
+- the last round is not aggregated.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..client_state import ClientState
@@ -87,19 +101,28 @@ class FedSelect(Algorithm):
             client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
                            for n in self.param_names}
         client.extra["fraction"] = 0.0
+        if self.faithful:  # the reference measures the first Δ from the initial model
+            client.extra["reference"] = {n: init[n].clone() for n in self.selectable}
         return client
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        every = self.params.mask_every if self.faithful else 1
-        if (rnd - 1) % every == 0:  # start of a mask period: remember where LocalAlt started
+        self.apply_next_mask(client)  # normally done by `receive`; here if no broadcast came
+        if not self.faithful:
             client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)
-        if rnd % every == 0:
-            reference = client.extra.pop("reference")
-            if self.params.fedselect_variant != "layer":
-                self.grad_select(client, reference, rnd, k)
+        if self.grows_in(rnd) and self.params.fedselect_variant != "layer":
+            client.extra["next_mask"] = self.grad_select(client, client.extra["reference"], rnd, k)
+            if self.faithful:  # the next Δ is measured from here (after training, before the broadcast)
+                client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
+        if not self.faithful:
+            del client.extra["reference"]
         return stats
+
+    def grows_in(self, rnd: int) -> bool:
+        if not self.faithful:
+            return True
+        return rnd > 1 and (rnd - 1) % self.params.mask_every == 0
 
     def local_alt(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         mask = client.mask
@@ -113,22 +136,31 @@ class FedSelect(Algorithm):
             self.train_pass(k, client, data, rnd, epoch, global_pass, "global", stats)
         return stats
 
-    def next_fraction(self, f: float) -> float:
-        p, alpha = self.params.pers_rate, self.params.pers_limit
-        if self.faithful:
-            return f + p * (1.0 - f) if f < alpha else f
-        return min(alpha, f + p * (1.0 - f))
-
-    def grad_select(self, client: ClientState, reference: State, rnd: int, k: int) -> None:
-        """Grow each selectable tensor's personal set to the next fraction (largest |Δ| first)."""
-        f = self.next_fraction(client.extra["fraction"])
-        client.extra["fraction"] = f
+    def grad_select(self, client: ClientState, reference: State, rnd: int, k: int) -> dict[str, torch.Tensor]:
+        """The next round's mask: each selectable tensor's personal set grown by the entries
+        that moved most since `reference` (largest |Δ| first; the ablations score otherwise)."""
+        grown = {}
+        if not self.faithful:
+            p, alpha = self.params.pers_rate, self.params.pers_limit
+            f = min(alpha, client.extra["fraction"] + p * (1.0 - client.extra["fraction"]))
+            client.extra["fraction"] = f
         for n in self.selectable:
-            target = grow_count(self.numels[n], f)
-            add = target - int(client.mask[n].sum())
+            mask = client.mask[n]
+            add = self.faithful_count(mask) if self.faithful else grow_count(self.numels[n], f) - int(mask.sum())
             if add > 0:
                 scores = self.selection_scores(client.state[n] - reference[n], rnd, k, n)
-                client.mask[n] = select_largest(scores, client.mask[n], add, include_ties=self.faithful)
+                mask = select_largest(scores, mask, add, include_ties=self.faithful)
+            grown[n] = mask
+        return grown
+
+    def faithful_count(self, mask: torch.Tensor) -> int:
+        """How many entries the reference code makes personal in a tensor: none once its
+        personal share exceeds α; else G - round((1 - p)·G) of its G global entries."""
+        personal = int(mask.sum())
+        if personal / mask.numel() > self.params.pers_limit:
+            return 0
+        free = mask.numel() - personal
+        return free - int(np.round((1.0 - self.params.pers_rate) * free))
 
     def selection_scores(self, delta: torch.Tensor, rnd: int, k: int, name: str) -> torch.Tensor:
         """Non-negative scores; the highest become personal. GradSelect: |Δ|; ablations differ."""
@@ -141,15 +173,25 @@ class FedSelect(Algorithm):
             return torch.rand(delta.shape, generator=generator).to(delta.device)
         return delta.abs()
 
+    @staticmethod
+    def apply_next_mask(client: ClientState) -> None:
+        """Switch to the mask GradSelect chose (after this round's broadcast used the old one)."""
+        grown = client.extra.pop("next_mask", None)
+        if grown is not None:
+            client.mask = grown
+
     # ---------------------------------------------------------------- server side
     def aggregates_in(self, rnd: int) -> bool:
         return not (self.faithful and rnd == self.config.rounds)
 
     def receive(self, client: ClientState) -> None:
+        """Broadcast into the entries global under the training mask, then switch masks."""
         for n in self.param_names:
             mask = client.mask.get(n)
             g = self.global_state[n]
             client.state[n] = g.clone() if mask is None else torch.where(mask, client.state[n], g)
+        self.apply_next_mask(client)
 
     def personal_fraction(self, client: ClientState) -> float:
-        return personal_fraction(client.mask, self.numels)
+        """Of the mask the client holds for its next round."""
+        return personal_fraction(client.extra.get("next_mask", client.mask), self.numels)

@@ -44,6 +44,9 @@ pruning rate over prunable weights only is `extra["sparsity"]`.
 The authors' runs (official code README): prune step r_p = 20 %; acc_threshold 0.5 on MNIST and
 EMNIST, 0.1 on CIFAR-10; and their r_target ("prune_end_rate") is the share of weights that
 *remain*: 0.1 on MNIST/EMNIST (our `lottery_target_sparsity` = 0.9) and 0.5 on CIFAR-10 (0.5).
+Left at none, `lottery_acc_threshold` and `lottery_target_sparsity` take those values by dataset:
+the MNIST ones for the MNIST-like sources (`mnist`, `digits` and their corrupted variants), the
+CIFAR-10 ones for every other dataset.
 """
 from __future__ import annotations
 
@@ -63,10 +66,20 @@ from .base import Algorithm, ClientInfo, LocalStats
 
 @dataclass(frozen=True)
 class LotteryFLParams(MethodParams):
-    lottery_acc_threshold: float = knob(0.5, "prune only while local accuracy is above this (1 = never prune)", low=0, high=1)
+    lottery_acc_threshold: float | None = knob(None, "prune only while local accuracy is above this (1 = never prune; "
+                                               "none: the authors' 0.5 on MNIST-like data, 0.1 otherwise)", low=0, high=1)
     lottery_prune_step: float = knob(0.2, "share of the remaining weights pruned per pruning step", low=0, high=1)
-    lottery_target_sparsity: float = knob(0.5, "stop pruning at this share of pruned weights (paper: 0.5 CIFAR-10, 0.9 MNIST)",
-                                          low=0, high=1)
+    lottery_target_sparsity: float | None = knob(None, "stop pruning at this share of pruned weights (none: the authors' "
+                                                 "0.9 on MNIST-like data, 0.5 otherwise)", low=0, high=1)
+
+
+MNIST_LIKE = ("mnist", "digits", "emnist")
+AUTHORS_DEFAULTS = {True: {"acc_threshold": 0.5, "target_sparsity": 0.9},   # MNIST / EMNIST runs
+                    False: {"acc_threshold": 0.1, "target_sparsity": 0.5}}  # CIFAR-10 runs
+
+
+def mnist_like(dataset: str) -> bool:
+    return dataset.split("_")[0] in MNIST_LIKE
 
 
 def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
@@ -96,6 +109,11 @@ class LotteryFL(Algorithm):
         super().__init__(config, trainer, model_name)
         self.prunable = [n for n in self.param_names if n.endswith("weight")]
         self.initial: State = {}
+        authors = AUTHORS_DEFAULTS[mnist_like(config.dataset)]
+        given = self.params
+        self.acc_threshold = authors["acc_threshold"] if given.lottery_acc_threshold is None else given.lottery_acc_threshold
+        self.target_sparsity = (authors["target_sparsity"] if given.lottery_target_sparsity is None
+                                else given.lottery_target_sparsity)
 
     def setup(self, init: State, clients: list[ClientInfo]) -> list[ClientState]:
         # θ^0 for the resets. Not part of `state_dict`: a restored Simulation is built from the
@@ -113,7 +131,7 @@ class LotteryFL(Algorithm):
     # ---------------------------------------------------------------- pruning schedule
     def cap(self, name: str) -> int:
         """Most entries of a tensor that may be pruned: never beyond the target sparsity."""
-        return math.floor(self.params.lottery_target_sparsity * self.numels[name])
+        return math.floor(self.target_sparsity * self.numels[name])
 
     def prune_counts(self, client: ClientState) -> dict[str, int]:
         """Entries each prunable tensor loses in one pruning step (0 where it is at the target)."""
@@ -146,7 +164,7 @@ class LotteryFL(Algorithm):
         x, y = (data.x_val, data.y_val) if data.n_val else (data.x_train, data.y_train)
         acc = self.trainer.evaluate(client.state, x, y) / y.shape[0]
         client.extra["val_acc"] = acc
-        if acc > self.params.lottery_acc_threshold:
+        if acc > self.acc_threshold:
             counts = self.prune_counts(client)
             if any(counts.values()):
                 self.prune_and_reset(client, counts)
