@@ -13,7 +13,7 @@ from fl_core.simulation import Simulation
 # 3 clients on the synthetic source, a few rounds: each trial takes about a second of compute.
 TINY_SWEEP = ["--dataset", "synthetic", "--num-clients", "3", "--partition", "shards", "--shards-per-client", "3",
               "--batch-size", "16", "--dir-alpha", "0.5", "--local-epochs", "1", "--pers-limit", "0.8",
-              "--verbose", "0"]
+              "--seeds", "0", "--verbose", "0"]
 FINAL_COLUMNS = ["config_hash", "client", "round", "participated", "acc", "acc_local", "acc_global", "loss",
                  "personal_fraction", "bytes_up", "bytes_down"]
 

@@ -59,8 +59,8 @@ def test_each_method_reports_its_own_personalized_accuracy_and_communication():
 
 
 def test_samples_weighting_changes_the_average_only_when_sizes_differ():
-    uniform = list(Simulation(tiny(algorithm="fedavg", partition="dirichlet", dir_alpha=0.3, rounds=1)).run())
-    weighted = list(Simulation(tiny(algorithm="fedavg", partition="dirichlet", dir_alpha=0.3, rounds=1,
+    uniform = list(Simulation(tiny(algorithm="fedavg", partition="dirichlet_class", dir_alpha=0.3, rounds=1)).run())
+    weighted = list(Simulation(tiny(algorithm="fedavg", partition="dirichlet_class", dir_alpha=0.3, rounds=1,
                                     weighting="samples")).run())
     sizes = {c.n_train for c in uniform[0].clients}
     assert len(sizes) > 1

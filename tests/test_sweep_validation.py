@@ -61,12 +61,13 @@ def test_every_knob_is_a_flag_with_its_default_in_help(study):
         assert needle in text, needle
 
 
-def test_default_grid_is_32_trials_and_anchors_carry_no_fedselect_knobs():
+def test_default_grid_is_32_trials_per_seed_over_3_seeds_and_anchors_carry_no_fedselect_knobs():
     trials = grid(build_parser(STUDY).parse_args([]))
     configs = validate_trials(trials)
     fedselect = [c for c in configs if c.algorithm == "fedselect"]
     anchors = [t for t in trials if t["algorithm"] != "fedselect"]
-    assert len(configs) == 32 and len(fedselect) == 3 * 2 * 2 * 2 and len(anchors) == 2 * 2 * 2
+    assert len(configs) == 32 * 3 and len(fedselect) == 3 * 2 * 2 * 2 * 3 and len(anchors) == 2 * 2 * 2 * 3
+    assert {c.seed for c in configs} == {0, 1, 2}
     assert not any(k in t for t in anchors for k in knob_owners())  # no fake p = α = 0
     assert {(c.pers_rate, c.pers_limit) for c in fedselect} == {(p, a) for p in (0.1, 0.25, 0.5) for a in (0.5, 0.8)}
     assert {(t["dir_alpha"], t["local_epochs"]) for t in anchors} == {(c.dir_alpha, c.local_epochs) for c in fedselect}
@@ -74,7 +75,7 @@ def test_default_grid_is_32_trials_and_anchors_carry_no_fedselect_knobs():
 
 
 def test_method_knobs_apply_to_their_own_methods_only():
-    args = build_parser(baselines.STUDY).parse_args(["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05"])
+    args = build_parser(baselines.STUDY).parse_args(["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05", "--seeds", "0"])
     configs = validate_trials(baselines.grid(args))
     assert len(configs) == len(ALGORITHMS) * 2                        # methods x (2 shards, Dir(0.1))
     for c in configs:
@@ -92,7 +93,7 @@ def test_paper_preset_is_cifar10_resnet18():
 
 
 def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
-    args = build_parser(ablation.STUDY).parse_args(["--partition", "shards", "--pers-rate", "0.5"])
+    args = build_parser(ablation.STUDY).parse_args(["--partition", "shards", "--pers-rate", "0.5", "--seeds", "0"])
     configs = validate_trials(ablation.grid(args))
     assert sorted(c.label() for c in configs) == [
         "FedSelect", "FedSelect (layer A)", "FedSelect (layer B)", "FedSelect (layer C)", "FedSelect (layer D)",
@@ -103,7 +104,8 @@ def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
 def test_tune_receives_validated_flat_configs_and_gives_them_back(tmp_path):
     parser = build_parser(STUDY)
     args = parser.parse_args(["--results", str(tmp_path), "--pers-rate", "0.25", "--pers-limit", "0.8",
-                              "--dir-alpha", "0.1", "--local-epochs", "1", "--select-params", "all"])
+                              "--dir-alpha", "0.1", "--local-epochs", "1", "--select-params", "all",
+                              "--seeds", "0"])
     plan, _ = plan_sweep(STUDY, args, parser.parse_args([]))
     trials = plan.param_space["trial"]["grid_search"]
     assert [t["run"] for t in trials] == [c.to_dict() for c in plan.configs]

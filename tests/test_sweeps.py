@@ -291,7 +291,7 @@ def test_baselines_and_ablation_studies_run_on_the_shared_machinery(ray_cluster,
     from fl_core.algorithms import ALGORITHMS
     from sweeps import ablation, baselines
     tiny = ["--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
-            "--partition", "shards", "--rounds", "2", "--results", str(tmp_path), "--verbose", "0"]
+            "--partition", "shards", "--rounds", "2", "--results", str(tmp_path), "--seeds", "0", "--verbose", "0"]
     assert run_study(baselines.STUDY, tiny + ["--name", "base", "--ft-epochs", "2"]) == 0
     assert run_study(ablation.STUDY, tiny + ["--name", "abl", "--blocks", "B"]) == 0
     base = pd.read_parquet(tmp_path / "base" / "trials.parquet")
