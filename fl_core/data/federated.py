@@ -3,6 +3,11 @@
 The result is built once per trial (on CPU) and moved to the trial's device with
 :meth:`FederatedData.to`; training then indexes these tensors directly, without a
 DataLoader per client per round.
+
+Splits are not stored on disk: every load partitions afresh (milliseconds). The only disk cache
+under the data (`$FL_CACHE_DIR`, default ~/.cache/fl_core) holds the digits source arrays
+(fl_core/data/sources.py, keyed by scikit-learn version), which no partition change touches.
+A cache of splits added later must put `partition.PARTITION_VERSION` in its key.
 """
 
 from __future__ import annotations
