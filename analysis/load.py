@@ -100,6 +100,24 @@ def load_trials(paths) -> pd.DataFrame:
     return labelled(_concat(frames))
 
 
+FINISHED_STATUSES = ("COMPLETED", "INCOMPLETE")  # INCOMPLETE: rebuilt from rows; its rounds decide
+
+
+def unfinished(trials: pd.DataFrame) -> pd.Series:
+    """True for each trial that did not run all its rounds: its status is neither COMPLETED nor
+    INCOMPLETE (ERROR, STOPPED by a scheduler or an interrupted sweep, anything else), or its last
+    recorded round (`rounds_done`) is below its configured `rounds`. A trial rebuilt from the rows
+    of a sweep without trials.parquet (INCOMPLETE) is judged by its rounds alone; where a frame
+    has no round columns, by its status alone."""
+    flag = pd.Series(False, index=trials.index)
+    if "status" in trials:
+        flag |= ~trials["status"].isin(FINISHED_STATUSES)
+    if {"rounds_done", "rounds"} <= set(trials.columns):
+        done, planned = (pd.to_numeric(trials[c], errors="coerce") for c in ("rounds_done", "rounds"))
+        flag |= (done < planned).fillna(False).astype(bool)
+    return flag
+
+
 def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.DataFrame:
     """Trial rows (`fl_core.results.trial_row`) rebuilt from round rows; each keeps the hash and
     version its rows carry."""

@@ -1,8 +1,11 @@
-"""A table's numbers and how they are printed: LaTeX (pandas Styler, booktabs) and a text preview.
+"""A table's numbers (per cell, over seeds) and how they are printed: LaTeX (pandas Styler, booktabs)
+and a text preview.
 
 A cell is "mean ± std" over seeds in % (one seed: the mean alone), "(n=k)" where its seed count
 differs from the table's usual count, bold where it is the best of its column (or of the table),
-"--" where there is no result.
+"--" where there is no result. A cell that includes a run which did not reach its last round
+carries a dagger (LaTeX `$^\\dagger$`, preview "†"), explained at the end of the caption together
+with the rounds those runs reached.
 """
 from __future__ import annotations
 
@@ -11,7 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fl_core.results import across_seeds
+
+from .load import unfinished as unfinished_trials
+
 MISSING = "--"
+UNFINISHED = ("mark", "drop")  # what a table does with trials that did not finish (see `summarize`)
+DAGGER = "†"  # the mark of a cell with unfinished runs (LaTeX: $^\dagger$, see `_latex_text`)
 
 
 @dataclass
@@ -25,6 +34,8 @@ class Table:
     best: str = "column"  # "column": bold the best of each column; "table": the best cell overall
     row_title: str = ""   # the header of the row labels
     notes: list[str] = field(default_factory=list)
+    marked: pd.DataFrame | None = None  # True where a cell includes unfinished runs (None: none does)
+    footnote: str = ""                  # what the mark means, or what was left out; ends the caption
 
     @property
     def usual_n(self) -> int:
@@ -37,15 +48,16 @@ class Table:
         counts = self.n.stack()
         return counts[counts > 0].nunique() <= 1
 
-    def cells(self, pm: str = "±") -> pd.DataFrame:
-        """The cell texts ("mean ± std", marked "(n=k)" when k differs from the usual count); None
-        where there is no result."""
+    def cells(self, pm: str = "±", dagger: str = DAGGER) -> pd.DataFrame:
+        """The cell texts ("mean ± std", then `dagger` where the cell includes unfinished runs, then
+        "(n=k)" when k differs from the usual count); None where there is no result."""
         usual = self.usual_n
         text = pd.DataFrame(None, index=self.mean.index, columns=self.mean.columns, dtype=object)
         for row in self.mean.index:
             for col in self.mean.columns:
+                mark = dagger if self.marked is not None and bool(self.marked.loc[row, col]) else ""
                 text.loc[row, col] = format_cell(self.mean.loc[row, col], self.std.loc[row, col],
-                                                 int(self.n.loc[row, col]), usual, pm)
+                                                 int(self.n.loc[row, col]), usual, pm, mark)
         text.index.name, text.columns.name = None, self.row_title
         return text
 
@@ -64,15 +76,50 @@ class Table:
         else:
             count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell unless marked (n=k)"
         legend = f"Final personalized accuracy (%), mean ± std over seeds ({count}); best in bold; -- = no result."
-        return " ".join(part for part in (self.caption, legend, *self.notes) if part)
+        return " ".join(part for part in (self.caption, legend, *self.notes, self.footnote) if part)
 
 
-def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±") -> str | None:
+def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
+              mode: str = "mark", **extra) -> Table:
+    """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
+    absent cells get n = 0. Unfinished trials (`analysis.load.unfinished`) are marked in their
+    cells (`mode` "mark") or left out of them ("drop"); the rows and columns stay those of all
+    the trials, and the table's footnote says what was marked or left out."""
+    if mode not in UNFINISHED:
+        raise ValueError(f"unknown mode {mode!r} for unfinished trials; choose from {', '.join(UNFINISHED)}")
+    row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())
+    col_order = list(col_order) if col_order is not None else sorted(trials[cols].unique())
+    late = unfinished_trials(trials) & trials["acc_mean"].notna()  # a trial without a result enters no cell
+
+    def known(name):
+        return trials[name] if name in trials else pd.Series(np.nan, index=trials.index)
+
+    reached = list(zip(known("rounds_done")[late], known("rounds")[late]))
+    used = trials[~late] if mode == "drop" else trials
+    cells = {key: across_seeds(group.to_numpy()) for key, group in used.groupby([rows, cols])["acc_mean"]}
+    index = pd.MultiIndex.from_tuples(list(cells), names=[rows, cols]) if cells else \
+        pd.MultiIndex.from_arrays([[], []], names=[rows, cols])
+    stats = pd.DataFrame(list(cells.values()), columns=["mean", "std", "count"], index=index, dtype=float)
+
+    def wide(column):
+        return stats[column].unstack(cols).reindex(index=row_order, columns=col_order)
+
+    n = wide("count").fillna(0).astype(int)
+    table = Table(name, wide("mean"), wide("std"), n, **extra)
+    if mode == "mark" and late.any():
+        table.marked = late.groupby([trials[rows], trials[cols]]).any().unstack(cols, fill_value=False) \
+            .reindex(index=row_order, columns=col_order, fill_value=False).astype(bool)
+    table.footnote = unfinished_note(reached, dropped=mode == "drop")
+    return table
+
+
+def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", mark: str = "") -> str | None:
     if n == 0 or pd.isna(mean):
         return None
     text = f"{100 * mean:.1f}"
     if n > 1 and not pd.isna(std):
         text += f" {pm} {100 * std:.1f}"
+    text += mark
     if n != usual_n:
         text += f" (n={n})"
     return text
@@ -80,7 +127,7 @@ def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±") -
 
 def to_latex(table: Table) -> str:
     """The table as LaTeX: booktabs rules, the best cells in \\textbf, missing cells "--"."""
-    cells = table.cells(pm=r"$\pm$")
+    cells = table.cells(pm=r"$\pm$", dagger=r"$^\dagger$")
     best = table.best_mask()
     cells.columns.name = _latex_text(table.row_title)
     styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
@@ -92,11 +139,11 @@ def to_latex(table: Table) -> str:
 
 
 def _latex_text(text: str) -> str:
-    """Plain caption text made LaTeX-safe (± and α become math)."""
+    """Plain caption text made LaTeX-safe (±, α and † become math)."""
     text = str(text)
     for char in "%_&#{}$":
         text = text.replace(char, "\\" + char)
-    return text.replace("±", r"$\pm$").replace("α", r"$\alpha$")
+    return text.replace("±", r"$\pm$").replace("α", r"$\alpha$").replace(DAGGER, r"$^\dagger$")
 
 
 def preview(table: Table) -> str:
@@ -104,3 +151,34 @@ def preview(table: Table) -> str:
     cells = table.cells().fillna(MISSING)
     cells = cells.where(~table.best_mask(), cells + " *")
     return f"[{table.name}] {table.full_caption()}  (* = best)\n{cells.to_string()}"
+
+
+def unfinished_note(reached: list[tuple[float, float]], dropped: bool = False) -> str:
+    """The caption's sentence on runs that did not finish; `reached` holds, per such run, (its last
+    recorded round, its configured rounds), NaN where unknown. `dropped`: the runs were left out of
+    the cells instead of marked."""
+    if not reached:
+        return ""
+    where = _rounds_reached(reached)
+    if dropped:
+        runs = f"{len(reached)} run{'s' if len(reached) != 1 else ''}"
+        return f"Left out: {runs} that did not finish (reached {where})."
+    return (f"{DAGGER} = includes runs that did not finish (stopped early, failed or still running), each at "
+            f"the last round it reached: {where}.")
+
+
+def _rounds_reached(reached: list[tuple[float, float]]) -> str:
+    """E.g. "round 3 of 5; rounds 4, 7 of 20" (grouped by the configured rounds), and "round
+    unknown for k runs" for runs whose results do not say."""
+    by_total: dict[int, set[int]] = {}
+    unknown = 0
+    for done, total in reached:
+        if pd.isna(done) or pd.isna(total):
+            unknown += 1
+        else:
+            by_total.setdefault(int(total), set()).add(int(done))
+    parts = [f"round{'s' if len(done) > 1 else ''} {', '.join(map(str, sorted(done)))} of {total}"
+             for total, done in sorted(by_total.items())]
+    if unknown:
+        parts.append(f"round unknown for {unknown} run{'s' if unknown != 1 else ''}")
+    return "; ".join(parts)

@@ -1,6 +1,7 @@
 """The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
 
     python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid}] [--out DIR]
+                                         [--unfinished {mark,drop}]
 
 Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
   methods   rows = methods (FedSelect ablations are separate rows), columns = data settings
@@ -14,8 +15,12 @@ marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
 `fl_core.results.across_seeds`; row and column names are the `method` and `setting` columns that
 every result row carries (filled by `analysis.load.labelled` for sweeps of engine v1).
 
-Only COMPLETED trials count (INCOMPLETE ones too: load_trials gives that status to sweeps that have
-not written trials.parquet yet).
+Unfinished trials (`analysis.load.unfinished`: status other than COMPLETED, e.g. ERROR or STOPPED by
+ASHA, or fewer recorded rounds than `rounds`, the only test for a sweep without trials.parquet)
+never pass for final results. `--unfinished mark` (default) keeps them at their last recorded round
+and daggers their cells, the caption naming the rounds reached; `--unfinished drop` leaves them out
+("--" or "(n=k)"), the caption counting them. Both modes pick the same configurations, rows and
+columns; finished trials alone print exactly as they did before either mode existed.
 """
 from __future__ import annotations
 
@@ -29,13 +34,12 @@ import numpy as np
 import pandas as pd
 
 from fl_core.algorithms import ALGORITHMS
-from fl_core.results import across_seeds
 
 from .load import is_gradselect, labelled, load_trials
-from .render import MISSING, Table, format_cell, preview, to_latex  # noqa: F401 (the public API)
+from .load import unfinished as unfinished_trials
+from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex  # noqa: F401 (the public API)
 
 TABLES = ("methods", "limit", "ablation", "grid")
-COUNTED = ("COMPLETED", "INCOMPLETE")
 
 
 class TableError(ValueError):
@@ -44,17 +48,28 @@ class TableError(ValueError):
 
 # ----------------------------------------------------------------------------- selecting trials
 
-def counted(trials: pd.DataFrame) -> pd.DataFrame:
-    """The trials that count (COMPLETED, or INCOMPLETE from a sweep still running), with their
-    `method` and `setting` labels."""
+def counted(trials: pd.DataFrame, mode: str = "mark") -> pd.DataFrame:
+    """The trials with an accuracy, finished or not (the cells mark or drop the unfinished ones:
+    `summarize`), with their `method` and `setting` labels. With `mode` "drop" some trial must
+    have finished."""
+    _check_mode(mode)
     if trials.empty or "status" not in trials:
         raise TableError("no trials in the results")
-    keep = trials[trials["status"].isin(COUNTED) & trials["acc_mean"].notna()].copy()
-    if "config_hash" in keep:  # the same run found in two sweeps counts once
+    keep = trials[trials["acc_mean"].notna()].copy()
+    if "config_hash" in keep:  # the same run found in two sweeps counts once, finished if it finished once
+        finished = ~unfinished_trials(keep)
+        keep = keep[finished | ~finished.groupby(keep["config_hash"]).transform("any")]
         keep = keep.drop_duplicates("config_hash", keep="last")
     if keep.empty:
-        raise TableError("no completed trials in the results")
+        raise TableError("no trials with results")
+    if mode == "drop" and unfinished_trials(keep).all():
+        raise TableError("no finished trials in the results (--unfinished mark shows the unfinished ones)")
     return labelled(keep).reset_index(drop=True)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in UNFINISHED:
+        raise TableError(f"unknown --unfinished {mode!r}; choose from {', '.join(UNFINISHED)}")
 
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
@@ -101,24 +116,7 @@ def _methods_order(trials: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(method for method, _ in order))
 
 
-def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
-              **extra) -> Table:
-    """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
-    absent cells get n = 0."""
-    cells = {key: across_seeds(group.to_numpy()) for key, group in trials.groupby([rows, cols])["acc_mean"]}
-    stats = pd.DataFrame(list(cells.values()), columns=["mean", "std", "count"],
-                         index=pd.MultiIndex.from_tuples(list(cells), names=[rows, cols]))
-    row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())
-    col_order = list(col_order) if col_order is not None else sorted(trials[cols].unique())
-
-    def wide(column):
-        return stats[column].unstack(cols).reindex(index=row_order, columns=col_order)
-
-    n = wide("count").fillna(0).astype(int)
-    return Table(name, wide("mean"), wide("std"), n, **extra)
-
-
-def methods_table(trials: pd.DataFrame) -> Table:
+def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     """Table 1: methods × data settings. FedSelect (gradselect) rows are taken at its most common
     (p, α) and every method at the most common local epochs, so that no cell mixes configurations."""
     trials = _labelled(trials)
@@ -132,13 +130,13 @@ def methods_table(trials: pd.DataFrame) -> Table:
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
         notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
     table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
-                      _settings_order(trials), caption="Methods by data setting.")
+                      _settings_order(trials), mode, caption="Methods by data setting.")
     table.row_title = "Method"
     table.notes = [n for n in notes if n]
     return table
 
 
-def limit_table(trials: pd.DataFrame) -> Table:
+def limit_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     """Table 2: FedSelect (gradselect) by personalization limit α × data settings, at the most
     common (p, local epochs)."""
     trials = _labelled(trials)
@@ -149,7 +147,7 @@ def limit_table(trials: pd.DataFrame) -> Table:
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
     table = summarize(chosen, "pers_limit", "setting", "limit", sorted(chosen["pers_limit"].unique()),
-                      _settings_order(chosen), caption=f"FedSelect by personalization limit α "
+                      _settings_order(chosen), mode, caption=f"FedSelect by personalization limit α "
                                                        f"({_knob_text(knobs, values)}).")
     table.row_title = "α"
     for frame in (table.mean, table.std, table.n):
@@ -157,7 +155,7 @@ def limit_table(trials: pd.DataFrame) -> Table:
     return table
 
 
-def ablation_table(trials: pd.DataFrame) -> Table:
+def ablation_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     """Table 3: FedSelect variants × data settings, at the most common (p, α, local epochs)."""
     trials = _labelled(trials)
     fedselect = trials[trials["algorithm"] == "fedselect"]
@@ -167,12 +165,12 @@ def ablation_table(trials: pd.DataFrame) -> Table:
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
     table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen),
-                      _settings_order(chosen), caption=f"FedSelect ablations ({_knob_text(knobs, values)}).")
+                      _settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).")
     table.row_title = "Variant"
     return table
 
 
-def grid_tables(trials: pd.DataFrame) -> dict[str, Table]:
+def grid_tables(trials: pd.DataFrame, mode: str = "mark") -> dict[str, Table]:
     """For each (data setting, local epochs): FedSelect (gradselect) p (rows) × α (columns)."""
     trials = _labelled(trials)
     fedselect = trials[is_gradselect(trials)].copy()
@@ -189,7 +187,7 @@ def grid_tables(trials: pd.DataFrame) -> dict[str, Table]:
             rows = [f"{v:g}" for v in sorted(part["pers_rate"].unique())]
             cols = [f"α = {v:g}" for v in sorted(part["pers_limit"].unique())]
             name = f"grid_{_slug(setting)}_e{epochs:g}"
-            table = summarize(part, "p", "α", name, rows, cols, best="table",
+            table = summarize(part, "p", "α", name, rows, cols, mode, best="table",
                               caption=f"FedSelect by personalization rate p (rows) and limit α "
                                       f"({setting}, local epochs = {epochs:g}).")
             table.row_title = "p"
@@ -220,9 +218,10 @@ def supported(trials: pd.DataFrame) -> list[str]:
     return found
 
 
-def make_tables(trials: pd.DataFrame, which: str = "auto") -> dict[str, Table]:
-    """The Tables named by `which` ("auto": every one the results support)."""
-    trials = counted(trials)
+def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "mark") -> dict[str, Table]:
+    """The Tables named by `which` ("auto": every one the results support); `unfinished`: "mark"
+    or "drop" the trials that stopped before their last round (see the module docstring)."""
+    trials = counted(trials, unfinished)
     if which == "auto":
         names = supported(trials) or ["methods"]
     elif which in TABLES:
@@ -233,17 +232,18 @@ def make_tables(trials: pd.DataFrame, which: str = "auto") -> dict[str, Table]:
     tables: dict[str, Table] = {}
     for name in names:
         if name == "grid":
-            tables.update(grid_tables(trials))
+            tables.update(grid_tables(trials, unfinished))
         else:
-            tables[name] = builders[name](trials)
+            tables[name] = builders[name](trials, unfinished)
     return tables
 
 
-def build_tables(paths, which: str = "auto", out=None, echo: bool = False) -> dict[str, Path]:
+def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfinished: str = "mark") -> dict[str, Path]:
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
-    path's `tables/`); returns name -> file. With `echo`, prints each preview and file."""
+    path's `tables/`); returns name -> file. With `echo`, prints each preview and file.
+    `unfinished`: as in `make_tables`."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    tables = make_tables(load_trials(paths), which)
+    tables = make_tables(load_trials(paths), which, unfinished)
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
     out.mkdir(parents=True, exist_ok=True)
     written = {}
@@ -264,9 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", help="sweep folders or folders of sweeps")
     parser.add_argument("--table", default="auto", choices=("auto", *TABLES))
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS[0]/tables)")
+    parser.add_argument("--unfinished", default="mark", choices=UNFINISHED,
+                        help="trials that did not finish (early-stopped, failed, still running): mark = keep "
+                             "them at their last recorded round, dagger their cells and explain it in the caption "
+                             "(default); drop = leave them out and say how many in the caption")
     args = parser.parse_args(argv)
     try:
-        build_tables(args.results, args.table, args.out, echo=True)
+        build_tables(args.results, args.table, args.out, echo=True, unfinished=args.unfinished)
     except (FileNotFoundError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """analysis.tables: the paper's LaTeX tables from sweep results.
 
 The first tests use hand-made trial frames, then a sweep folder written in the layout of engine v1
-(no Ray); the rest read a real small baselines sweep (slow).
+and small sweeps of round rows with a trial that stopped early (no Ray); the rest read a real
+small baselines sweep (slow).
 """
 from __future__ import annotations
 
@@ -10,37 +11,16 @@ import pandas as pd
 import pytest
 
 from analysis import tables
-from analysis.load import load_rounds, load_trials
+from analysis.load import load_rounds, load_trials, unfinished
 from fl_core.results import round_rows
 from fl_core.simulation import Simulation
 from sweeps import parquet_sink
 
 from conftest import tiny
 from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
+from table_helpers import FINISHED_LATEX, body_rows, header, trial, write_sweep
 
 slow = pytest.mark.slow
-
-
-def trial(algorithm="fedselect", seed=0, acc=0.5, partition="shards", dataset="synthetic", shards=3, alpha=0.3,
-          pers_rate=0.25, pers_limit=0.8, epochs=1, variant="gradselect", block=None, status="COMPLETED"):
-    return {"algorithm": algorithm, "dataset": dataset, "partition": partition, "shards_per_client": shards,
-            "dir_alpha": alpha, "local_epochs": epochs, "pers_rate": pers_rate, "pers_limit": pers_limit,
-            "fedselect_variant": variant, "layer_block": block, "seed": seed, "status": status, "acc_mean": acc}
-
-
-def body_rows(latex: str) -> dict[str, list[str]]:
-    """The rows between \\midrule and \\bottomrule: label -> cell texts."""
-    body = latex.split("\\midrule")[1].split("\\bottomrule")[0]
-    rows = {}
-    for line in body.strip().splitlines():
-        label, *cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
-        rows[label] = cells
-    return rows
-
-
-def header(latex: str) -> list[str]:
-    line = latex.split("\\toprule")[1].split("\\midrule")[0].strip()
-    return [c.strip() for c in line.removesuffix("\\\\").split(" & ")]
 
 
 # ----------------------------------------------------------------------------- hand-made frames
@@ -64,11 +44,12 @@ def test_format_cell():
 
 
 def test_methods_table_numbers_missing_cell_and_counts(handmade):
-    table = tables.methods_table(handmade)
+    table = tables.methods_table(handmade, "drop")
     assert list(table.mean.index) == ["FedSelect", "FedAvg", "Local"]
     assert list(table.mean.columns) == ["synthetic, 3 shards", "synthetic, Dir(0.3)"]
-    # only COMPLETED trials count: the ERROR/TERMINATED 0.99s are left out
+    # drop: only finished trials count; the ERROR/TERMINATED 0.99s are left out, and the caption says so
     assert table.n.loc["Local", "synthetic, 3 shards"] == 3
+    assert table.marked is None and "Left out: 2 runs that did not finish" in table.full_caption()
     assert table.n.loc["Local", "synthetic, Dir(0.3)"] == 0
     assert table.mean.loc["FedAvg", "synthetic, Dir(0.3)"] == pytest.approx(0.68)
     assert table.std.loc["FedSelect", "synthetic, 3 shards"] == pytest.approx(pd.Series([.8, .7, .75]).std())
@@ -89,7 +70,7 @@ def test_methods_table_numbers_missing_cell_and_counts(handmade):
 
 
 def test_uniform_seed_counts_go_in_the_caption(handmade):
-    table = tables.methods_table(handmade[handmade["partition"] == "shards"])
+    table = tables.methods_table(handmade[(handmade["partition"] == "shards") & (handmade["status"] == "COMPLETED")])
     assert "3 seeds per cell)" in table.full_caption()
     assert "(n=" not in tables.to_latex(table).split("\\midrule")[1]
 
@@ -137,8 +118,11 @@ def test_auto_selection(handmade):
     assert tables.supported(tables.counted(grid)) == ["limit", "ablation", "grid"]
     with pytest.raises(tables.TableError):
         tables.make_tables(handmade, "nonsense")
+    failed = handmade.assign(status="ERROR")
     with pytest.raises(tables.TableError):
-        tables.make_tables(handmade.assign(status="ERROR"))
+        tables.make_tables(failed, unfinished="drop")
+    marked = tables.make_tables(failed)["methods"]                 # mark (the default): every cell daggered
+    assert marked.marked.to_numpy().sum() == (marked.n > 0).to_numpy().sum() == 5
 
 
 # ----------------------------------------------------------------------------- sweeps of engine v1
@@ -191,6 +175,96 @@ def test_v1_and_v2_sweeps_load_together(tmp_path):
     trials = load_trials(tmp_path)
     assert set(trials["status"]) == {"COMPLETED", "INCOMPLETE"} and len(trials) == 7
     assert trials.loc[trials["config_hash"] == key, "version"].notna().all()
+
+
+# ----------------------------------------------------------------------------- unfinished trials
+
+def test_unfinished_trials_are_marked_by_default(handmade):
+    table = tables.methods_table(handmade)                         # the ERROR and TERMINATED trials enter, marked
+    assert table.n.loc["Local", "synthetic, 3 shards"] == 4
+    cells = table.cells()
+    assert cells.loc["Local", "synthetic, 3 shards"] == "62.3 ± 24.8† (n=4)"
+    assert cells.loc["FedSelect", "synthetic, 3 shards"] == "75.0 ± 5.0"     # finished trials only: no mark
+    assert "† = includes runs that did not finish" in table.full_caption()
+    assert "round unknown for 2 runs" in table.full_caption()      # these frames carry no round columns
+
+
+def test_a_cell_never_mixes_rounds_silently():
+    """Finished seeds at round 20 and one stopped at round 7 of 20 share a cell only under a mark."""
+    def at(algorithm, seed, acc, done=20):
+        return trial(algorithm, seed, acc, status="COMPLETED" if done == 20 else "STOPPED") | \
+            {"rounds": 20, "rounds_done": done}
+
+    frame = pd.DataFrame([at("fedavg", 0, 0.8), at("fedavg", 1, 0.4, done=7), at("fedavg", 2, 0.6),
+                          at("local", 0, 0.4), at("local", 1, 0.5), at("local", 2, 0.6),
+                          at("fedselect", 0, 0.2), at("fedselect", 1, 0.3), at("fedselect", 2, 0.4)])
+    marked = tables.methods_table(frame)
+    assert marked.cells().loc["FedAvg", "synthetic, 3 shards"] == "60.0 ± 20.0†"
+    assert marked.cells().loc["Local", "synthetic, 3 shards"] == "50.0 ± 10.0"
+    assert marked.full_caption().endswith("each at the last round it reached: round 7 of 20.")
+    latex = tables.to_latex(marked)
+    assert body_rows(latex)["FedAvg"] == ["\\bfseries 60.0 $\\pm$ 20.0$^\\dagger$"]
+    assert "$^\\dagger$ = includes runs that did not finish" in latex
+    dropped = tables.methods_table(frame, "drop")
+    assert dropped.cells().loc["FedAvg", "synthetic, 3 shards"] == "70.0 ± 14.1 (n=2)"
+    assert dropped.full_caption().endswith("Left out: 1 run that did not finish (reached round 7 of 20).")
+    assert "†" not in tables.preview(dropped) and "dagger" not in tables.to_latex(dropped)
+
+
+def test_which_trials_are_unfinished():
+    frame = pd.DataFrame({"status": ["COMPLETED", "COMPLETED", "INCOMPLETE", "INCOMPLETE", "STOPPED", "ERROR"],
+                          "rounds_done": [5, 3, 5, 3, 5, np.nan], "rounds": [5, 5, 5, 5, 5, 5]})
+    assert unfinished(frame).tolist() == [False, True, False, True, True, True]
+    assert unfinished(frame[["status"]]).tolist() == [False, False, False, False, True, True]
+    # the same run in two sweeps: its finished copy is the one that counts
+    twice = pd.DataFrame([trial("fedavg", 0, 0.8) | {"config_hash": "a", "rounds": 5, "rounds_done": 5},
+                          trial("fedavg", 0, 0.3, status="STOPPED") | {"config_hash": "a", "rounds": 5, "rounds_done": 2}])
+    assert tables.counted(twice)["acc_mean"].tolist() == [0.8]
+    with pytest.raises(tables.TableError):
+        tables.counted(twice, "sometimes")
+
+
+def test_finished_sweep_prints_as_before_in_both_modes(tmp_path):
+    trials = load_trials(write_sweep(tmp_path / "done"))
+    assert set(trials["status"]) == {"COMPLETED"} and (trials["rounds_done"] == 5).all()
+    for mode in tables.UNFINISHED:
+        table = tables.make_tables(trials, "methods", mode)["methods"]
+        assert tables.to_latex(table) == FINISHED_LATEX
+        assert table.marked is None and table.footnote == ""
+
+
+@pytest.mark.parametrize("with_trials", [True, False], ids=["trials.parquet", "rows only"])
+def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
+    """Local (one seed) stopped at round 3 of 5: by its status, or, without trials.parquet (a
+    crashed sweep), by its last round against its configured `rounds`."""
+    sweep = write_sweep(tmp_path / "s", stopped={("local", 0): 3}, with_trials=with_trials)
+    trials = load_trials(sweep)
+    assert set(trials["status"]) == ({"COMPLETED", "STOPPED"} if with_trials else {"INCOMPLETE"})
+    assert unfinished(trials).sum() == 1
+
+    assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
+    latex = (tmp_path / "t" / "methods.tex").read_text()
+    finished_rows = body_rows(FINISHED_LATEX)
+    rows = body_rows(latex)
+    assert rows["Local"] == ["60.0$^\\dagger$ (n=1)"]                 # its round-3 accuracy, marked
+    assert rows["FedSelect"] == finished_rows["FedSelect"] and rows["FedAvg"] == finished_rows["FedAvg"]
+    assert latex.count("$^\\dagger$") == 2                             # the cell and the caption
+    assert ("$^\\dagger$ = includes runs that did not finish (stopped early, failed or still running), "
+            "each at the last round it reached: round 3 of 5.}") in latex
+    out = capsys.readouterr().out
+    assert "60.0† (n=1)" in out and "† = includes runs that did not finish" in out
+
+    assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "d"), "--unfinished", "drop"]) == 0
+    dropped = (tmp_path / "d" / "methods.tex").read_text()
+    assert body_rows(dropped) == finished_rows | {"Local": ["--"]}      # the cell is left empty
+    assert "dagger" not in dropped and "Left out: 1 run that did not finish (reached round 3 of 5).}" in dropped
+
+
+def test_cli_explains_the_unfinished_option(capsys):
+    with pytest.raises(SystemExit):
+        tables.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--unfinished {mark,drop}" in help_text and "did not finish" in help_text and "(default)" in help_text
 
 
 # ----------------------------------------------------------------------------- a real small sweep

@@ -1,0 +1,78 @@
+"""Helpers for tests/test_tables.py: hand-made trial rows, reading a LaTeX table back, and a small
+sweep of round rows in which chosen trials stop early (no Ray)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.load import trials_from_rounds
+from sweep_helpers import V1_KNOBS
+from sweeps import parquet_sink
+
+
+def trial(algorithm="fedselect", seed=0, acc=0.5, partition="shards", dataset="synthetic", shards=3, alpha=0.3,
+          pers_rate=0.25, pers_limit=0.8, epochs=1, variant="gradselect", block=None, status="COMPLETED"):
+    return {"algorithm": algorithm, "dataset": dataset, "partition": partition, "shards_per_client": shards,
+            "dir_alpha": alpha, "local_epochs": epochs, "pers_rate": pers_rate, "pers_limit": pers_limit,
+            "fedselect_variant": variant, "layer_block": block, "seed": seed, "status": status, "acc_mean": acc}
+
+
+def body_rows(latex: str) -> dict[str, list[str]]:
+    """The rows between \\midrule and \\bottomrule: label -> cell texts."""
+    body = latex.split("\\midrule")[1].split("\\bottomrule")[0]
+    rows = {}
+    for line in body.strip().splitlines():
+        label, *cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
+        rows[label] = cells
+    return rows
+
+
+def header(latex: str) -> list[str]:
+    line = latex.split("\\toprule")[1].split("\\midrule")[0].strip()
+    return [c.strip() for c in line.removesuffix("\\\\").split(" & ")]
+
+
+# Final-round accuracy of each client per (algorithm, seed): Local has one seed, so that leaving
+# it out empties its cell. Round r of R scores 0.05 * (R - r) less.
+SWEEP_ACC = {("fedselect", 0): [0.9, 0.8, 0.7], ("fedselect", 1): [1.0, 0.9, 0.8],
+             ("fedavg", 0): [0.5, 0.4, 0.3], ("fedavg", 1): [0.6, 0.5, 0.4], ("local", 0): [0.7, 0.7, 0.7]}
+
+
+def write_sweep(folder, stopped=None, rounds=5, with_trials=True):
+    """A small sweep of round rows (the schema of `write_v1_sweep`, `rounds` rounds configured);
+    `stopped`: (algorithm, seed) -> the last round that trial wrote. With `with_trials`, also
+    trials.parquet as the launcher writes it: COMPLETED, or STOPPED for a trial that stopped early."""
+    stopped = stopped or {}
+    for n, ((algorithm, seed), final) in enumerate(SWEEP_ACC.items()):
+        key = f"{n:012x}"
+        knobs = V1_KNOBS | {"algorithm": algorithm, "seed": seed, "rounds": rounds}
+        if algorithm != "fedselect":
+            knobs |= {"pers_rate": 0.0, "pers_limit": 0.0}
+        for rnd in range(1, stopped.get((algorithm, seed), rounds) + 1):
+            rows = [knobs | {"config_hash": key, "sweep": folder.name, "round": rnd, "client": k,
+                             "acc": acc - 0.05 * (rounds - rnd), "acc_local": acc, "acc_global": acc, "loss": 0.5,
+                             "n_train": 40, "n_test": 10, "personal_fraction": 0.0, "bytes_up": 1000,
+                             "bytes_down": 1000, "seconds": 0.1, "round_seconds": 0.3} for k, acc in enumerate(final)]
+            parquet_sink.write_round(folder, key, rnd, pd.DataFrame(rows))
+    if with_trials:
+        trials = trials_from_rounds(parquet_sink.read_rounds(folder), status="COMPLETED")
+        trials.loc[trials["rounds_done"] < rounds, "status"] = "STOPPED"
+        trials.to_parquet(folder / "trials.parquet", index=False)
+    return folder
+
+
+# What the methods table of the finished `write_sweep` printed before unfinished trials were marked.
+FINISHED_LATEX = r"""\begin{table}
+\centering
+\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); best in bold; -- = no result. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8.}
+\label{tab:methods}
+\begin{tabular}{lc}
+\toprule
+Method & synthetic, 3 shards \\
+\midrule
+FedSelect & \bfseries 85.0 $\pm$ 7.1 \\
+FedAvg & 45.0 $\pm$ 7.1 \\
+Local & 70.0 (n=1) \\
+\bottomrule
+\end{tabular}
+\end{table}
+"""
