@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from analysis.load import find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
-from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
+from fl_core.config import COMMON_KNOBS, DIRICHLET_PARTITIONS, NON_SEMANTIC, knob_owners
 from fl_core.results import across_seeds, summarize_trial
 
 KNOBS = ("pers_rate", "pers_limit", "dir_alpha", "local_epochs")
@@ -238,7 +238,7 @@ def plot_knobs(fedselect: pd.DataFrame, knobs: list[str], out: Path) -> list[Pat
 
 
 def _dirichlet(trials: pd.DataFrame) -> pd.DataFrame:
-    return trials[trials["partition"] == "dirichlet"]
+    return trials[trials["partition"].isin(DIRICHLET_PARTITIONS)]
 
 
 def _varies(trials: pd.DataFrame, knob: str) -> bool:

@@ -25,8 +25,15 @@ from typing import Any
 from .algorithms import ALGORITHMS, params_class
 from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
 
+# Part of every config hash. Raised when the same knobs start to give different results (a sweep
+# resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
+# papers' Dirichlet as `dirichlet`, test sets that follow capped train sets, FedSelect's round-t
+# upload under the training mask, the baselines' protocols from their authors).
+RESULTS_REVISION = 3
+
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid")  # as fl_core/data/partition.py
+DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class")  # the partitions dir_alpha applies to
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
@@ -145,9 +152,9 @@ class RunConfig:
         return RunConfig(**(values | changes))
 
     def config_hash(self) -> str:
-        """Short stable hash of everything that determines the results: the common knobs and the
-        chosen method's knobs (never another method's)."""
-        blob = json.dumps(self.semantic_dict(), sort_keys=True).encode()
+        """Short stable hash of everything that determines the results: the common knobs, the
+        chosen method's knobs (never another method's) and `RESULTS_REVISION`."""
+        blob = json.dumps(self.semantic_dict() | {"results_revision": RESULTS_REVISION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def data_spec(self) -> dict[str, Any]:

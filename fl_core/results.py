@@ -140,12 +140,15 @@ def method_metric_columns(rows: pd.DataFrame) -> list[str]:
 
 # ---------------------------------------------------------------------------- labels
 def setting_label(values: Mapping[str, Any]) -> str:
-    """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`."""
+    """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`,
+    `digits, Dir(0.1) by class` (the `dirichlet_class` partition)."""
     partition = values["partition"]
     if partition == "shards":
         split = f"{int(values['shards_per_client'])} shards"
     elif partition == "dirichlet":
         split = f"Dir({float(values['dir_alpha']):g})"
+    elif partition == "dirichlet_class":  # the per-class scheme: named apart from the papers' Dir(α)
+        split = f"Dir({float(values['dir_alpha']):g}) by class"
     else:
         split = str(partition)
     return f"{values['dataset']}, {split}"

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners, split_run_arguments
+from fl_core.config import (COMMON_KNOBS, DIRICHLET_PARTITIONS, ConfigError, RunConfig, add_run_arguments, knob_owners,
+                            split_run_arguments)
 from fl_core.data import DataError
 from fl_core.knobs import knob_fields
 
@@ -76,7 +77,7 @@ def add_axis(group, flag: str, knob: str, kind: type, default: list, owner=RunCo
 def build_parser(study: Study) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python sweeps/{study.name}.py", description=study.description,
-        epilog="Lists are crossed: datasets x partitions x Dir α (dirichlet only) x local epochs x seeds x the "
+        epilog="Lists are crossed: datasets x partitions x Dir α (Dirichlet partitions only) x local epochs x seeds x the "
                "study's own axes. A method knob applies to that method's trials only.")
     study.add_arguments(parser)
     axes = parser.add_argument_group("data axes (lists, crossed)")
@@ -85,7 +86,7 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     add_axis(axes, "--dataset", "dataset", str, preset.get("dataset", [defaults.dataset]))
     add_axis(axes, "--partition", "partition", str, preset.get("partition", ["dirichlet"]))
     add_axis(axes, "--dir-alpha", "dir_alpha", float, preset.get("dir_alpha", [0.1, 0.5]),
-             help=knob_help("dir_alpha") + " (varied for the dirichlet partition only)")
+             help=knob_help("dir_alpha") + " (varied for the dirichlet and dirichlet_class partitions only)")
     add_axis(axes, "--local-epochs", "local_epochs", int, preset.get("local_epochs", [1]))
     add_axis(axes, "--seeds", "seed", int, preset.get("seed", DEFAULT_SEEDS), dest="seeds",
              help=knob_help("seed") + "; one trial per seed and configuration; tables report mean ± std over seeds")
@@ -135,12 +136,12 @@ def method_knobs(args: argparse.Namespace, axes: tuple[str, ...] = ()) -> dict[s
 
 
 def data_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (dataset, partition, Dir α) setting of a sweep. Dir α only varies for the dirichlet
-    partition; other partitions get RunConfig's default, so they are not repeated per Dir α."""
+    """Every (dataset, partition, Dir α) setting of a sweep. Dir α only varies for the Dirichlet
+    partitions; other partitions get RunConfig's default, so they are not repeated per Dir α."""
     settings = []
     for dataset in args.dataset:
         for partition in args.partition:
-            alphas = args.dir_alpha if partition == "dirichlet" else [RunConfig().dir_alpha]
+            alphas = args.dir_alpha if partition in DIRICHLET_PARTITIONS else [RunConfig().dir_alpha]
             settings += [{"dataset": dataset, "partition": partition, "dir_alpha": a} for a in alphas]
     return settings
 

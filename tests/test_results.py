@@ -53,3 +53,18 @@ def test_rows_carry_labels_and_only_the_knobs_that_apply():
     labelled = add_labels(v1)
     assert labelled.method.tolist() == ["FedSelect (random)", "FedAvg+FT"]
     assert labelled.setting.tolist() == ["digits, 2 shards"] * 2
+
+
+def test_setting_labels_tell_the_two_dirichlet_schemes_apart():
+    from fl_core.results import setting_label
+    base = {"dataset": "mnist", "shards_per_client": 2, "dir_alpha": 0.1}
+    labels = {p: setting_label(base | {"partition": p}) for p in ("shards", "dirichlet", "dirichlet_class", "iid")}
+    assert labels == {"shards": "mnist, 2 shards", "dirichlet": "mnist, Dir(0.1)",
+                      "dirichlet_class": "mnist, Dir(0.1) by class", "iid": "mnist, iid"}
+
+
+def test_every_method_says_which_model_its_accuracy_measures():
+    from fl_core.algorithms import ALGORITHMS, get_algorithm
+    said = {a: get_algorithm(a).evaluated_model() for a in ALGORITHMS}
+    assert all(said.values())
+    assert said["fedselect"] == "after local training" and said["fedavg"] == "after the broadcast"

@@ -89,6 +89,13 @@ class Algorithm:
     Params: ClassVar[type[MethodParams]] = NoParams
     acc_from: ClassVar[str] = "local"
     communicates: ClassVar[bool] = True
+    # Which model `acc` measures, in words for tables (the same training can be reported at two
+    # points: FedSelect at p = 0 after local training, FedAvg after the broadcast).
+    evaluates: ClassVar[str] = ""
+
+    @classmethod
+    def evaluated_model(cls) -> str:
+        return cls.evaluates or {"local": "after local training", "global": "after the broadcast"}[cls.acc_from]
 
     def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
         self.config = config

@@ -45,6 +45,7 @@ class Ditto(Algorithm):
     display = "Ditto"
     Params = DittoParams
     acc_from = "custom"
+    evaluates = "personal model"
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)

@@ -56,6 +56,7 @@ class FineTuning(Algorithm):
 
     Params = FineTuneParams
     acc_from = "custom"
+    evaluates = "fine-tuned copy (acc_global: before fine-tuning)"
     protocol = FineTuneProtocol()
 
     def fine_tune_settings(self) -> tuple[int, float | None, float | None]:
