@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import ALGORITHMS
+from fl_core.algorithms import ALGORITHMS, get_algorithm
 
 from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
@@ -100,9 +100,10 @@ def _knob_text(knobs: list[str], values: tuple) -> str:
 # ----------------------------------------------------------------------------- the numbers
 
 def _settings_order(trials: pd.DataFrame) -> list[str]:
-    """Per dataset: shards (fewest first), then Dirichlet (most skewed first), then the rest."""
+    """Per dataset: shards (fewest first), then Dirichlet (most skewed first; the papers' scheme,
+    then the per-class one), then the rest."""
     keys = trials[["setting", "dataset", "partition", "shards_per_client", "dir_alpha"]].copy()
-    keys["rank"] = keys["partition"].map({"shards": 0, "dirichlet": 1}).fillna(2)
+    keys["rank"] = keys["partition"].map({"shards": 0, "dirichlet": 1, "dirichlet_class": 2}).fillna(3)
     keys = keys.sort_values(["dataset", "rank", "partition", "shards_per_client", "dir_alpha"])
     return list(dict.fromkeys(keys["setting"]))
 
@@ -114,6 +115,20 @@ def _methods_order(trials: pd.DataFrame) -> list[str]:
     pairs = trials[["method", "algorithm"]].drop_duplicates()
     order = sorted(zip(pairs["method"], pairs["algorithm"]), key=lambda p: (rank.get(p[1], len(rank)), p[0]))
     return list(dict.fromkeys(method for method, _ in order))
+
+
+def _evaluated_note(trials: pd.DataFrame) -> str:
+    """Which model each method's accuracy measures (one training can be reported at two points:
+    FedSelect at p = 0 after local training, FedAvg after the broadcast)."""
+    algorithm_of = dict(zip(trials["method"], trials["algorithm"]))
+    by_point: dict[str, list[str]] = {}
+    for method in _methods_order(trials):
+        if algorithm_of[method] in ALGORITHMS:
+            by_point.setdefault(get_algorithm(algorithm_of[method]).evaluated_model(), []).append(method)
+    if not by_point:
+        return ""
+    parts = [f"{', '.join(methods)}: {point}" for point, methods in by_point.items()]
+    return "Model evaluated: " + "; ".join(parts) + "."
 
 
 def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
@@ -129,6 +144,7 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
         values = _most_common(trials[fedselect], knobs)
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
         notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
+    notes.append(_evaluated_note(trials))
     table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
                       _settings_order(trials), mode, caption="Methods by data setting.")
     table.row_title = "Method"

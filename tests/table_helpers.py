@@ -60,10 +60,11 @@ def write_sweep(folder, stopped=None, rounds=5, with_trials=True):
     return folder
 
 
-# What the methods table of the finished `write_sweep` printed before unfinished trials were marked.
+# What the methods table of the finished `write_sweep` prints; unchanged by the marking of
+# unfinished trials (the last sentence, the models evaluated, came later).
 FINISHED_LATEX = r"""\begin{table}
 \centering
-\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); best in bold; -- = no result. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8.}
+\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); best in bold; -- = no result. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
 \label{tab:methods}
 \begin{tabular}{lc}
 \toprule
