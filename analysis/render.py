@@ -153,6 +153,16 @@ def preview(table: Table) -> str:
     return f"[{table.name}] {table.full_caption()}  (* = best)\n{cells.to_string()}"
 
 
+def to_markdown(table: Table) -> str:
+    """A Markdown (GitHub) table, best cells in bold, then the caption as a paragraph."""
+    cells = table.cells().fillna(MISSING)
+    cells = cells.where(~table.best_mask(), "**" + cells + "**")
+    header = [table.row_title or "", *map(str, cells.columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([str(row), *cells.loc[row].tolist()]) + " |" for row in cells.index]
+    return "\n".join(lines) + f"\n\n{table.full_caption()}\n"
+
+
 def unfinished_note(reached: list[tuple[float, float]], dropped: bool = False) -> str:
     """The caption's sentence on runs that did not finish; `reached` holds, per such run, (its last
     recorded round, its configured rounds), NaN where unknown. `dropped`: the runs were left out of

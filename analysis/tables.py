@@ -37,7 +37,7 @@ from fl_core.algorithms import ALGORITHMS, get_algorithm
 
 from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
-from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex  # noqa: F401 (the public API)
+from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 
 TABLES = ("methods", "limit", "ablation", "grid")
 
@@ -254,10 +254,11 @@ def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "ma
     return tables
 
 
-def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfinished: str = "mark") -> dict[str, Path]:
+def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfinished: str = "mark",
+                 markdown: bool = False) -> dict[str, Path]:
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
-    path's `tables/`); returns name -> file. With `echo`, prints each preview and file.
-    `unfinished`: as in `make_tables`."""
+    path's `tables/`), and with `markdown` also `<out>/<name>.md`; returns name -> .tex file. With
+    `echo`, prints each preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     tables = make_tables(load_trials(paths), which, unfinished)
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
@@ -267,8 +268,10 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
         path = out / f"{name}.tex"
         path.write_text(to_latex(table))
         written[name] = path
+        if markdown:
+            path.with_suffix(".md").write_text(to_markdown(table))
         if echo:
-            print(preview(table), end="\n\n")
+            print(to_markdown(table) if markdown else preview(table), end="\n\n")
     if echo:
         for path in written.values():
             print(f"wrote {path}")
@@ -284,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="trials that did not finish (early-stopped, failed, still running): mark = keep "
                              "them at their last recorded round, dagger their cells and explain it in the caption "
                              "(default); drop = leave them out and say how many in the caption")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also write each table as Markdown (<name>.md, for a README or an issue) and print "
+                             "that instead of the text preview")
     args = parser.parse_args(argv)
     try:
-        build_tables(args.results, args.table, args.out, echo=True, unfinished=args.unfinished)
+        build_tables(args.results, args.table, args.out, echo=True, unfinished=args.unfinished,
+                     markdown=args.markdown)
     except (FileNotFoundError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -345,3 +345,21 @@ def test_cli_table_choice_default_out_and_bad_path(results, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         tables.main([str(results), "--table", "bogus"])
     assert exit_.value.code == 2
+
+
+def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
+    folder = write_sweep(tmp_path / "done")
+    table = tables.make_tables(load_trials(folder), "methods")["methods"]
+    text = tables.to_markdown(table)
+    lines = text.splitlines()
+    assert lines[0].startswith("| Method |") and lines[1].startswith("|---|")
+    cells = table.cells()
+    best = table.best_mask()
+    for row in cells.index:
+        line = next(line for line in lines if line.startswith(f"| {row} |"))
+        for col in cells.columns:
+            shown = f"**{cells.loc[row, col]}**" if best.loc[row, col] else cells.loc[row, col]
+            assert f"| {shown} " in line + " "
+    assert table.full_caption() in text
+    assert tables.main([str(folder), "--table", "methods", "--markdown", "--out", str(tmp_path / "t")]) == 0
+    assert (tmp_path / "t" / "methods.md").read_text() == text and text in capsys.readouterr().out
