@@ -67,7 +67,8 @@ class RunConfig:
     lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
     lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)", low=0, low_open=True, high=1)
     lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once more, e.g. 50,75")
-    momentum: float = knob(0.0, "local SGD momentum (the buffer restarts with every pass over the data, i.e. every local epoch)", low=0, high=1, high_open=True)
+    momentum: float = knob(0.0, "local SGD momentum (the buffer restarts with every pass over the data, i.e. every "
+                                "local epoch)", low=0, high=1, high_open=True)
     weight_decay: float = knob(0.0, "local SGD weight decay", low=0)
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
     # ---- where and how fast (not in the hash)
