@@ -146,14 +146,31 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, tracking_uri: str
         print(f"[sweep] not completed: {trials.status.value_counts().to_dict()}; continue with: "
               f"python sweeps/{plan.study}.py --resume --name {folder.name} --results {args.results}")
     if not done.empty:
-        knobs = [k for k in plan.knobs if k in done.columns and k not in SETTING_KNOBS]
-        cols = ["method", "setting", *knobs, "seed", "acc_mean", "acc_std", "personal_fraction_mean", "mb_total"]
-        best = done.sort_values("acc_mean", ascending=False)[list(dict.fromkeys(cols))].head(5)
-        print("[sweep] best configurations (final mean personalized accuracy over clients):")
-        print(best.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+        knobs = [k for k in plan.knobs if k in done.columns and k not in SETTING_KNOBS and k != "seed"]
+        print("[sweep] best configurations per data setting (final mean personalized accuracy over clients, "
+              "mean ± std over seeds; completed trials only):")
+        print(best_per_setting(done, knobs).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
     print(f"[sweep] MLflow:  mlflow ui --backend-store-uri {tracking_uri}")
+
+
+def best_per_setting(done: pd.DataFrame, knobs: list[str], top: int = 3) -> pd.DataFrame:
+    """Per data setting, the `top` configurations (method and swept knobs) by final accuracy
+    averaged over their seeds: a configuration is ranked only against others on the same data,
+    and never by one lucky seed."""
+    keys = ["setting", "method", *[k for k in knobs if k not in ("setting", "method")]]
+    grouped = done.groupby(keys, dropna=False, sort=False)
+    stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
+    stats["mb"] = grouped["mb_total"].mean().to_numpy()
+    stats = stats.sort_values(["setting", "mean"], ascending=[True, False], kind="stable")
+    stats = stats.groupby("setting", sort=False).head(top)
+    stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" for m, sd, n in
+                    zip(stats["mean"], stats["std"], stats["count"])]
+    stats["seeds"] = stats["count"].astype(int)
+    stats["mb_total"] = stats["mb"].round(2)
+    shown = stats[[*keys, "acc", "seeds", "mb_total"]]
+    return shown.astype(object).where(shown.notna(), "-")
 
 
 def _tables_and_figures(folder: Path) -> None:

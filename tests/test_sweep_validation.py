@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from fl_core.algorithms import ALGORITHMS
@@ -144,3 +145,17 @@ def test_launch_does_not_import_study():
     code = "import sys, sweeps.launch; print('sweeps.study' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_end_of_sweep_summary_ranks_configurations_within_a_setting_over_their_seeds():
+    from sweeps.launch import best_per_setting
+    done = pd.DataFrame({
+        "setting": ["easy"] * 4 + ["hard"] * 3, "method": ["FedSelect", "FedSelect", "FedAvg", "FedAvg", "FedSelect",
+                                                          "FedSelect", "FedAvg"],
+        "pers_rate": [0.1, 0.1, None, None, 0.1, 0.1, None], "seed": [0, 1, 0, 1, 0, 1, 0],
+        "acc_mean": [0.9, 0.8, 0.7, 0.96, 0.5, 0.3, 0.45], "mb_total": [1.0] * 7})
+    best = best_per_setting(done, ["pers_rate"])
+    # FedAvg's lucky seed (0.96) does not put it first: 0.85 over two seeds beats 0.83
+    assert best[["setting", "method", "acc", "seeds"]].values.tolist() == [
+        ["easy", "FedSelect", "0.8500 ± 0.0707", 2], ["easy", "FedAvg", "0.8300 ± 0.1838", 2],
+        ["hard", "FedAvg", "0.4500", 1], ["hard", "FedSelect", "0.4000 ± 0.1414", 2]]
