@@ -131,6 +131,14 @@ def _evaluated_note(trials: pd.DataFrame) -> str:
     return "Model evaluated: " + "; ".join(parts) + "."
 
 
+def _threads_note(trials: pd.DataFrame) -> str:
+    """The torch thread count of the runs (results on CPU depend on it), when the sweep recorded it."""
+    if "threads" not in trials or trials["threads"].isna().all():
+        return ""
+    counts = sorted({int(t) for t in trials["threads"].dropna()})
+    return f"Torch threads per run: {', '.join(map(str, counts))}."
+
+
 def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     """Table 1: methods × data settings. FedSelect (gradselect) rows are taken at its most common
     (p, α) and every method at the most common local epochs, so that no cell mixes configurations."""
@@ -145,6 +153,7 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
         notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
     notes.append(_evaluated_note(trials))
+    notes.append(_threads_note(trials))
     table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
                       _settings_order(trials), mode, caption="Methods by data setting.")
     table.row_title = "Method"

@@ -363,3 +363,10 @@ def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
     assert table.full_caption() in text
     assert tables.main([str(folder), "--table", "methods", "--markdown", "--out", str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "methods.md").read_text() == text and text in capsys.readouterr().out
+
+
+def test_methods_caption_states_the_thread_count_when_recorded(tmp_path):
+    trials = load_trials(write_sweep(tmp_path / "done"))
+    assert "Torch threads" not in tables.make_tables(trials, "methods")["methods"].full_caption()
+    trials["threads"] = 1.0
+    assert "Torch threads per run: 1." in tables.make_tables(trials, "methods")["methods"].full_caption()
