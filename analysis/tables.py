@@ -231,14 +231,17 @@ def supported(trials: pd.DataFrame) -> list[str]:
     trials = _labelled(trials)
     gradselect = trials[is_gradselect(trials)]
     variants = trials.loc[trials["algorithm"] == "fedselect", "method"].nunique()
+    def varies(knob: str) -> bool:  # a sweep without FedSelect has no FedSelect knob columns at all
+        return knob in gradselect and gradselect[knob].nunique() > 1
+
     found = []
     if trials["algorithm"].nunique() > 1:
         found.append("methods")
-    if gradselect["pers_limit"].nunique() > 1:
+    if varies("pers_limit"):
         found.append("limit")
     if variants > 1:
         found.append("ablation")
-    if gradselect["pers_limit"].nunique() > 1 and gradselect["pers_rate"].nunique() > 1:
+    if varies("pers_limit") and varies("pers_rate"):
         found.append("grid")
     return found
 

@@ -370,3 +370,11 @@ def test_methods_caption_states_the_thread_count_when_recorded(tmp_path):
     assert "Torch threads" not in tables.make_tables(trials, "methods")["methods"].full_caption()
     trials["threads"] = 1.0
     assert "Torch threads per run: 1." in tables.make_tables(trials, "methods")["methods"].full_caption()
+
+
+def test_a_sweep_without_fedselect_still_gets_its_methods_table(tmp_path):
+    trials = load_trials(write_sweep(tmp_path / "done"))
+    others = trials[trials["algorithm"] != "fedselect"].dropna(axis=1, how="all")
+    assert "pers_limit" not in others
+    assert tables.supported(others) == ["methods"]
+    assert list(tables.make_tables(others)) == ["methods"]
