@@ -268,6 +268,6 @@ def test_lotteryfl_learns_on_digits_with_sparse_tickets():
     # Two classes per client: a constant classifier scores about 0.5 on a client's test set.
     assert last.mean("acc") > 0.7, [r.mean("acc") for r in results]
     sparsity = [c.extra["sparsity"] for c in sim.clients]
-    assert min(sparsity) > 0 and max(sparsity) <= config.lottery_target_sparsity, sparsity
+    assert min(sparsity) > 0 and max(sparsity) <= sim.algorithm.target_sparsity, sparsity
     full = 4 * sum(sim.algorithm.numels.values())
     assert all(c.bytes_up < full for c in last.clients)
