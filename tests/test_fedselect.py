@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fl_core.algorithms.base import BYTES_PER_ENTRY
+from fl_core.client_state import PackedMask
 from fl_core.masks import grow_count
 from fl_core.simulation import Simulation
 
@@ -42,7 +43,7 @@ def grow_once(variant: str, k: int):
     before_state = {n: t.clone() for n, t in client.state.items()}
     before_mask = {n: m.clone() for n, m in client.mask.items()}
     algo.local_update(k, client, data, rnd=2)
-    grown = client.extra["next_mask"]  # the mask of round 3; round 2 still trained and sends with the old one
+    grown = PackedMask.from_dict(client.extra["next_mask"])  # round 3's mask; round 2 trained and sends with the old one
     for name in algo.selectable:
         delta = (client.state[name] - before_state[name]).abs()
         new = grown[name] & ~before_mask[name]
@@ -65,7 +66,7 @@ def test_round_t_averages_and_broadcasts_under_the_mask_it_trained_with():
     trained_with = [{n: m.clone() for n, m in c.mask.items()} for c in sim.clients]
     for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
         algo.local_update(k, c, d, rnd=2)
-    grown = [c.extra["next_mask"] for c in sim.clients]
+    grown = [PackedMask.from_dict(c.extra["next_mask"]) for c in sim.clients]
     before = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
     sent = algo.aggregate(sim.clients, sim.data.clients, rnd=2)
     for name in algo.selectable:

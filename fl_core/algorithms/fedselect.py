@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientState, PackedMask
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, knob
 from ..masks import grow_count, personal_fraction, select_largest
@@ -112,7 +112,8 @@ class FedSelect(Algorithm):
             client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)
         if self.grows_in(rnd) and self.params.fedselect_variant != "layer":
-            client.extra["next_mask"] = self.grad_select(client, client.extra["reference"], rnd, k)
+            # kept bit-packed (as plain tensors, so that a saved state stays loadable) until the broadcast
+            client.extra["next_mask"] = PackedMask(self.grad_select(client, client.extra["reference"], rnd, k)).to_dict()
             if self.faithful:  # the next Δ is measured from here (after training, before the broadcast)
                 client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
         if not self.faithful:
@@ -178,7 +179,7 @@ class FedSelect(Algorithm):
         """Switch to the mask GradSelect chose (after this round's broadcast used the old one)."""
         grown = client.extra.pop("next_mask", None)
         if grown is not None:
-            client.mask = grown
+            client.mask = PackedMask.from_dict(grown)
 
     # ---------------------------------------------------------------- server side
     def aggregates_in(self, rnd: int) -> bool:
@@ -194,4 +195,5 @@ class FedSelect(Algorithm):
 
     def personal_fraction(self, client: ClientState) -> float:
         """Of the mask the client holds for its next round."""
-        return personal_fraction(client.extra.get("next_mask", client.mask), self.numels)
+        grown = client.extra.get("next_mask")
+        return personal_fraction(client.mask if grown is None else PackedMask.from_dict(grown), self.numels)
