@@ -1,8 +1,10 @@
 """MLflow results of a sweep, logged from the driver only.
 
-One experiment per study, a parent run per sweep, a child run per trial:
-  name     `<method label> | <data setting> | <short config hash>`, e.g. `FedSelect (layer B) | digits,
-           Dir(0.1) | 3fa2c1`
+One experiment per study (tagged as a model-development experiment, so that MLflow 3 opens it on
+its runs table rather than the GenAI overview), a parent run per sweep, a child run per trial:
+  name     what tells the trial apart in a legend (`run_names`): the method, its knobs that vary in
+           the sweep (FedSelect: always p and α), other varying knobs, the data setting, local
+           epochs and seed, e.g. `FedSelect p=0.25 α=0.8 digits Dir(0.1) E1 s0`
   params   `config.semantic_dict()`: the common knobs and the trial's own method knobs only
   tags     sweep, config_hash, seed, method, setting, version
   metrics  per round, the keys of `fl_core.results.summarize_round` (step = round); values that
@@ -31,7 +33,8 @@ import numpy as np
 import pandas as pd
 from ray import tune
 
-from fl_core.results import config_columns, summarize_trial
+from fl_core.config import DATA_KNOBS, NON_SEMANTIC, RunConfig
+from fl_core.results import config_columns, setting_label, summarize_trial
 
 from .parquet_sink import read_trial
 from .plan import run_config
@@ -70,6 +73,7 @@ class MLflowSink(tune.Callback):
         self._client = None
         self._runs: dict[str, str] = {}       # trial id -> child run id
         self._logged: dict[str, int] = {}     # child run id -> last logged round
+        self._names: dict[str, str] = {}      # config hash -> run name
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment
         state = self.__dict__.copy()
@@ -112,9 +116,11 @@ class MLflowSink(tune.Callback):
         experiment = self.client.get_experiment_by_name(self.study)
         if experiment is None:
             self.experiment_id = self.client.create_experiment(
-                self.study, artifact_location=self.artifact_root.resolve().as_uri())
+                self.study, artifact_location=self.artifact_root.resolve().as_uri(), tags=EXPERIMENT_TAGS)
         else:
             self.experiment_id = experiment.experiment_id
+            for key, value in EXPERIMENT_TAGS.items():
+                self.client.set_experiment_tag(self.experiment_id, key, value)
         found = self.client.search_runs([self.experiment_id], f"tags.sweep = '{self.sweep}' and tags.role = 'sweep'")
         if found:
             self.parent_id = found[0].info.run_id
@@ -127,9 +133,11 @@ class MLflowSink(tune.Callback):
             self.client.log_batch(self.parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     # ---------------------------------------------------------------- per trial
-    def _child(self, trial) -> str | None:
+    def _child(self, trial, trials=()) -> str | None:
         run_id = self._runs.get(trial.trial_id)
         if run_id is None and self.parent_id:
+            if trials and not self._names:  # every trial of the sweep is known: name them all at once
+                self._names = run_names([run_config(t.config) for t in trials])
             run_id = self._guard("opening a trial's run", self._find_or_create_child, trial)
             if run_id:
                 self._runs[trial.trial_id] = run_id
@@ -150,7 +158,8 @@ class MLflowSink(tune.Callback):
         tags = {"mlflow.parentRunId": self.parent_id, "parent_run": self.parent_id, "sweep": self.sweep,
                 "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id,
                 "method": columns["method"], "setting": columns["setting"], "version": columns["version"]}
-        run = self.client.create_run(self.experiment_id, run_name=run_name(columns), tags=tags)
+        name = self._names.get(key) or run_names([config])[key]
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         from mlflow.entities import Param
         params = [Param(k, str(v)) for k, v in config.semantic_dict().items()]
         self.client.log_batch(run.info.run_id, params=params)
@@ -158,10 +167,10 @@ class MLflowSink(tune.Callback):
         return run.info.run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self._child(trial)
+        self._child(trial, trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        run_id = self._child(trial)
+        run_id = self._child(trial, trials)
         rnd = int(result.get("round", 0))
         logged = self._logged.get(run_id, 0)
         if not run_id or rnd <= logged:
@@ -179,13 +188,13 @@ class MLflowSink(tune.Callback):
         self._logged[run_id] = rnd
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        run_id = self._child(trial)
+        run_id = self._child(trial, trials)
         if run_id:
             self._guard("logging artifacts", self._log_artifacts, run_id, trial)
             self._guard("closing a trial's run", self.client.set_terminated, run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        run_id = self._child(trial)
+        run_id = self._child(trial, trials)
         if run_id:
             self._guard("marking a failed run", self.client.set_terminated, run_id, "FAILED")
 
@@ -210,9 +219,35 @@ class MLflowSink(tune.Callback):
             self.client.log_artifacts(run_id, folder)
 
 
-def run_name(columns: dict[str, Any]) -> str:
-    """A trial's readable run name from its config columns (method, data setting, short hash)."""
-    return f"{columns['method']} | {columns['setting']} | {columns['config_hash'][:6]}"
+# MLflow 3 opens an experiment of this kind on its runs table (not the GenAI overview).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+SHORT_KNOBS = {"pers_rate": "p", "pers_limit": "α", "ditto_lambda": "λ", "fedpac_lambda": "λ"}
+ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
+# Shown in their own place in a name (setting, E, s), or never (where and how fast a run happens).
+NAMED_APART = {*DATA_KNOBS, *NON_SEMANTIC, "algorithm", "local_epochs", "seed"}
+
+
+def run_names(configs: list[RunConfig]) -> dict[str, str]:
+    """Config hash -> a run name that tells the sweep's trials apart: the method label, the knobs
+    that vary among the sweep's trials with that label (FedSelect: always p and α) as `k=v`, the
+    data setting, `E<local epochs>` and `s<seed>`, e.g. `FedSelect p=0.25 α=0.8 digits Dir(0.1) E1 s0`.
+    Two trials that would still share a name get their short config hash appended."""
+    labelled = [(c.label(), c.semantic_dict()) for c in configs]
+    names = {}
+    for config in configs:
+        own, label = config.semantic_dict(), config.label()
+        peers = [d for peer, d in labelled if peer == label]  # what the label already says is not repeated
+        varying = [k for k in own if k not in NAMED_APART and len({repr(d.get(k)) for d in peers}) > 1]
+        shown = list(dict.fromkeys([*ALWAYS_NAMED.get(config.algorithm, ()), *varying]))
+        knobs = " ".join(f"{SHORT_KNOBS.get(k, k)}={own[k]:g}" if isinstance(own[k], float) else f"{SHORT_KNOBS.get(k, k)}={own[k]}"
+                         for k in shown)
+        setting = setting_label(own).replace(", ", " ")
+        names[config.config_hash()] = " ".join(p for p in (label, knobs, setting, f"E{config.local_epochs}",
+                                                            f"s{config.seed}") if p)
+    counts: dict[str, int] = {}
+    for name in names.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {h: f"{n} {h[:6]}" if counts[n] > 1 else n for h, n in names.items()}
 
 
 def _measured(value: Any) -> bool:

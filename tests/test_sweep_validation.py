@@ -159,3 +159,22 @@ def test_end_of_sweep_summary_ranks_configurations_within_a_setting_over_their_s
     assert best[["setting", "method", "acc", "seeds"]].values.tolist() == [
         ["easy", "FedSelect", "0.8500 ± 0.0707", 2], ["easy", "FedAvg", "0.8300 ± 0.1838", 2],
         ["hard", "FedAvg", "0.4500", 1], ["hard", "FedSelect", "0.4000 ± 0.1414", 2]]
+
+
+def test_mlflow_run_names_tell_the_trials_apart_by_what_varies():
+    from sweeps.mlflow_sink import run_names
+    grid_configs = [RunConfig(partition="dirichlet", pers_rate=p, dir_alpha=d, seed=s)
+                    for p in (0.1, 0.25) for d in (0.1, 0.5) for s in (0, 1)]
+    others = [RunConfig(algorithm="fedavg", partition="dirichlet", dir_alpha=0.1),
+              RunConfig(algorithm="ditto", ditto_lambda=0.1), RunConfig(algorithm="ditto", ditto_lambda=1.0),
+              RunConfig(fedselect_variant="layer", layer_block="B")]
+    names = run_names(grid_configs + others)
+    assert len(set(names.values())) == len(names)
+    by_config = {c.config_hash(): c for c in grid_configs + others}
+    named = {names[h]: c for h, c in by_config.items()}
+    assert named["FedSelect p=0.25 α=0.8 digits Dir(0.5) E1 s1"].seed == 1
+    assert "FedAvg digits Dir(0.1) E1 s0" in named                        # an anchor: no fake p or α
+    assert {"Ditto λ=0.1 digits 2 shards E1 s0", "Ditto λ=1 digits 2 shards E1 s0"} <= set(named)
+    assert "FedSelect (layer B) p=0.25 α=0.8 digits 2 shards E1 s0" in named  # the label says the variant
+    twins = run_names([RunConfig(dir_alpha=0.1), RunConfig(dir_alpha=0.5)])  # differ in a knob no name shows
+    assert len(set(twins.values())) == 2 and all(len(n.split()[-1]) == 6 for n in twins.values())

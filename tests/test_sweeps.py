@@ -158,11 +158,14 @@ def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path
     client, parents, children = mlflow_runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 4
+    experiment = client.get_experiment(parents[0].info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on the runs table
     by_hash = trials.set_index("config_hash")
     for child in children:
         trial = by_hash.loc[child.data.tags["config_hash"]]
         assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
-        assert child.info.run_name == f"{trial.method} | synthetic, 3 shards | {trial.name[:6]}"
+        knobs = f" p={trial.pers_rate:g} α=0.8" if trial.algorithm == "fedselect" else ""
+        assert child.info.run_name == f"{trial.method}{knobs} synthetic 3 shards E1 s0"
         params = child.data.params
         assert params["rounds"] == "3" and ("pers_rate" in params) == (trial.algorithm == "fedselect")
         assert not {"device", "threads", "data_root", "download", "ft_epochs"} & set(params)
