@@ -32,9 +32,13 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 shoot() {  # URL FILE
-  "$browser" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1000 \
-    --virtual-time-budget=15000 --screenshot="$2" "$1" > /dev/null 2>&1
-  echo "wrote $2"
+  if timeout 180 "$browser" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1000 \
+      --virtual-time-budget=15000 --screenshot="$2" "$1" > /dev/null 2>&1 && [[ -s "$2" ]]; then
+    echo "wrote $2"
+  else
+    echo "error: chromium did not write $2 within 180 s" >&2
+    return 1
+  fi
 }
 base="http://127.0.0.1:$port/#/experiments/$id/runs"
 shoot "$base?compareRunsMode=TABLE" "$out/mlflow_runs_table.png"

@@ -1,7 +1,10 @@
 """MLflow results of a sweep, logged from the driver only.
 
 One experiment per study (tagged as a model-development experiment, so that MLflow 3 opens it on
-its runs table rather than the GenAI overview), a parent run per sweep, a child run per trial:
+its runs table rather than the GenAI overview), a run per sweep (tag role=sweep: the sweep's flags)
+and a run per trial (tag sweep=<name>, tag parent_run=<the sweep's run id>). Trial runs are top-level,
+not nested, so that the runs table and the charts show every trial without expanding anything;
+filter one sweep with `tags.sweep = '<name>'`. A trial's run:
   name     what tells the trial apart in a legend (`run_names`): the method, its knobs that vary in
            the sweep (FedSelect: always p and α), other varying knobs, the data setting, local
            epochs and seed, e.g. `FedSelect p=0.25 α=0.8 digits Dir(0.1) E1 s0`
@@ -155,7 +158,9 @@ class MLflowSink(tune.Callback):
             self.client.update_run(run_id, status="RUNNING")
             return run_id
         columns = config_columns(config)
-        tags = {"mlflow.parentRunId": self.parent_id, "parent_run": self.parent_id, "sweep": self.sweep,
+        # Not nested under the sweep's run (no mlflow.parentRunId): MLflow's runs table and charts show
+        # top-level runs, so nested trials would be hidden behind a collapsed parent without metrics.
+        tags = {"parent_run": self.parent_id, "sweep": self.sweep,
                 "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id,
                 "method": columns["method"], "setting": columns["setting"], "version": columns["version"]}
         name = self._names.get(key) or run_names([config])[key]
