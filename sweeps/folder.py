@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -22,18 +23,22 @@ RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures
 
 
 def sweep_folder(study: str, args: argparse.Namespace) -> Path:
-    """`<results>/<name>`: a new folder, or on --resume the named (or latest) sweep of `study`."""
+    """`<results>/<name>`: a new folder, or on --resume the named sweep (`--resume NAME` or
+    `--name NAME --resume`) or the latest sweep of `study`, whatever its name."""
     results = args.results.resolve()
     if args.resume:
-        if args.name:
-            folder = results / args.name
-        else:
-            found = sorted(results.glob(f"{study}-*/sweep.json"), key=lambda p: p.stat().st_mtime)
-            if not found:
-                raise SweepError(f"--resume: no {study} sweep under {results}")
-            folder = found[-1].parent
+        name = resume_name(args)
+        if name is None:
+            return latest_sweep(study, results)
+        folder = results / name
         if not (folder / "sweep.json").exists():
-            raise SweepError(f"--resume: {folder} holds no sweep (no sweep.json)")
+            mine = [p.name for p in study_sweeps(study, results)]
+            raise SweepError(f"--resume {name}: no sweep {name!r} in {results}"
+                             + (f" (sweeps of {study} there: {', '.join(mine[-5:])})" if mine else ""))
+        owner = saved_study(folder)
+        if owner is not None and owner != study:
+            raise SweepError(f"--resume {name}: {name!r} is a sweep of the {owner} study, not of {study}; "
+                             f"resume it with python sweeps/{owner}.py --resume {name}")
         return folder
     name = args.name or f"{study}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = results / name
@@ -42,10 +47,48 @@ def sweep_folder(study: str, args: argparse.Namespace) -> Path:
     return folder
 
 
-def save_args(folder: Path, args: argparse.Namespace) -> None:
+def resume_name(args: argparse.Namespace) -> str | None:
+    """The sweep --resume asks for: `--resume NAME`, else `--name`, else None (the latest)."""
+    given = args.resume if isinstance(args.resume, str) else None
+    if given and args.name and given != args.name:
+        raise SweepError(f"--resume {given} and --name {args.name} name two sweeps; give the name once")
+    return given or args.name
+
+
+def saved_study(folder: Path) -> str | None:
+    """The study recorded in a sweep's sweep.json (None: unreadable, or written before it was)."""
+    try:
+        return json.loads((folder / "sweep.json").read_text()).get("study")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def study_sweeps(study: str, results: Path) -> list[Path]:
+    """The sweep folders of `study` under `results`, oldest first (by when sweep.json was last
+    written: a sweep writes it when it starts and each time it is resumed). Sweeps that record no
+    study (sweep format 3 before it was recorded) count if their name is `<study>-...`."""
+    found = []
+    for path in results.glob("*/sweep.json"):
+        owner = saved_study(path.parent)
+        if owner == study or (owner is None and path.parent.name.startswith(f"{study}-")):
+            found.append(path)
+    return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+
+
+def latest_sweep(study: str, results: Path) -> Path:
+    found = study_sweeps(study, results)
+    if not found:
+        raise SweepError(f"--resume: no {study} sweep under {results}; start one, or give --results")
+    return found[-1]
+
+
+def save_args(folder: Path, args: argparse.Namespace, study: str | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (folder / "sweep.json").write_text(json.dumps(saved | {"sweep_format": SWEEP_FORMAT}, indent=1))
+    recorded = {"sweep_format": SWEEP_FORMAT} | ({"study": study} if study else {})
+    tmp = folder / ".sweep.json.tmp"  # replaced atomically: a killed driver leaves the old one or the new one
+    tmp.write_text(json.dumps(saved | recorded, indent=1))
+    os.replace(tmp, folder / "sweep.json")
 
 
 def load_args(folder: Path, current: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
@@ -53,6 +96,7 @@ def load_args(folder: Path, current: argparse.Namespace, defaults: argparse.Name
     the RESUME_OVERRIDES come from the `current` command line."""
     saved = vars(defaults) | json.loads((folder / "sweep.json").read_text())
     found = saved.pop("sweep_format", None)
+    saved.pop("study", None)
     if found != SWEEP_FORMAT:
         raise SweepError(f"--resume: {folder.name} was written by an older version (sweep format {found or 1}, now "
                          f"{SWEEP_FORMAT}) whose results differ for the same knobs, and cannot be resumed; start it "

@@ -1,9 +1,15 @@
 """Start (or resume) a validated sweep (`sweeps.plan.SweepPlan`) on Ray Tune and report where its
 results are: data once per data setting, resources checked against the cluster, the Tuner with
-the MLflow callback, then trials.parquet, a summary, and the study's tables and figures."""
+the MLflow callback, then trials.parquet, a summary, and the study's tables and figures.
+
+Ctrl-C or SIGTERM at any point ends with trials.parquet (every trial, with its status), the
+summary of what finished and the command that resumes the sweep; exit status 130 (SIGINT) or
+143 (SIGTERM). How each moment is handled: sweeps/interrupts.py.
+"""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,23 +18,39 @@ from typing import Any
 import pandas as pd
 
 from fl_core.data import load_data
-from fl_core.results import trial_row, write_parquet
 
 from . import resources
 from .folder import save_args
+from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers
-from .parquet_sink import read_trial
-from .plan import SweepPlan, run_config
+from .plan import SweepPlan
 from .trainable import run_trial
+from .trials import UNFINISHED, TrialLedger, status_counts, trials_table
 
 METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", "summary/personal_fraction_mean": "personal",
                   "summary/mb_total": "MB"}
 SETTING_KNOBS = ("algorithm", "dataset", "partition", "shards_per_client", "dir_alpha")  # in `method`/`setting`
-TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
-              "data_from_driver")
 
 
 def launch(plan: SweepPlan, gpus: float | str) -> int:
+    start = time.time()
+    with Interrupts() as guard:
+        try:
+            return _launch(plan, gpus, guard)
+        except Interrupted as stop:  # before Tune ran, or a second signal while it ran
+            with guard.hold(then_raise=False):
+                if not (plan.folder / "sweep.json").exists():
+                    save_args(plan.folder, plan.args, plan.study)  # so that the resume command finds it
+                if plan.search == "grid" or not (plan.folder / "trials.parquet").exists():
+                    trials, rows = trials_table(plan, None, interrupted=True)
+                    _summary(plan, trials, rows, time.time() - start, stop.signum)
+                else:  # a search: its trials are Tune's; trials.parquet of the last run stays
+                    print(f"\n[sweep] {plan.folder.name}: stopped by {signal_name(stop.signum)}")
+                    print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
+            return exit_code(stop.signum)
+
+
+def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     import ray
 
     # Data once per distinct data spec, on the driver (a missing file fails here, before Ray starts).
@@ -42,22 +64,26 @@ def launch(plan: SweepPlan, gpus: float | str) -> int:
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
     started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
-                 logging_level="WARNING", log_to_driver=True)
     try:
+        if started_ray:
+            with guard.hold():  # a half-started Ray would outlive the driver
+                ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
+                         logging_level="WARNING", log_to_driver=True)
+                guard.reinstall()
         request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
               f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
-        save_args(plan.folder, plan.args)
-        return _tune(plan, request, refs)
+        pause_for_tests("start")
+        save_args(plan.folder, plan.args, plan.study)
+        return _tune(plan, request, refs, guard)
     finally:
         if started_ray:
-            ray.shutdown()
+            with guard.hold(then_raise=False):
+                ray.shutdown()
 
 
-def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any]) -> int:
+def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any], guard: Interrupts) -> int:
     from ray import tune
 
     args, folder = plan.args, plan.folder
@@ -66,28 +92,44 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                              checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round),
         request.as_tune())
     tune_dir = folder / "tune"
-    tracking_uri = args.tracking_uri or default_tracking_uri(folder.parent)
+    TrialLedger.seen = {}
     if args.resume and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         print(f"[sweep] resuming {folder.name} from {tune_dir}", flush=True)
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
     else:
         fail_fast_on_servers()
-        sink = MLflowSink(tracking_uri, plan.study, folder.name, folder, folder.parent / "mlartifacts",
+        sink = MLflowSink(tracking_uri(plan), plan.study, folder.name, folder, folder.parent / "mlartifacts",
                           sweep_params={k: v for k, v in vars(args).items() if k not in ("resume",)})
         tuner = tune.Tuner(trainable, param_space=plan.param_space, tune_config=_tune_config(args),
                            run_config=tune.RunConfig(
                                name="tune", storage_path=str(folder),
                                failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                               callbacks=[sink], verbose=args.verbose,
+                               callbacks=[sink, TrialLedger()], verbose=args.verbose,
                                progress_reporter=tune.CLIReporter(
                                    parameter_columns=plan.columns, metric_columns=METRIC_COLUMNS,
                                    max_report_frequency=10, max_column_length=12, sort_by_metric=False)))
     start = time.time()
-    grid = tuner.fit()
-    elapsed = time.time() - start
-    trials, rows = trials_table(grid, folder)
-    _summary(plan, trials, rows, tracking_uri, elapsed)
-    _tables_and_figures(folder)
+    with guard.tune():
+        grid = tuner.fit()
+    elapsed, stopped = time.time() - start, guard.signum
+    with guard.hold(then_raise=False):  # the results are written whatever comes now
+        trials, rows = trials_table(plan, grid, interrupted=stopped is not None)
+        _summary(plan, trials, rows, elapsed, stopped)
+    if guard.signum is not None:
+        if stopped is None:  # it came while the summary was written: every trial had ended
+            print(f"[sweep] {signal_name(guard.signum)}: tables and figures skipped; write them with: "
+                  f"{resume_command(plan)}", flush=True)
+        return exit_code(guard.signum)
+    try:
+        pause_for_tests("tables")
+        _tables_and_figures(folder)
+    except Interrupted as stop:
+        with guard.hold(then_raise=False):
+            print(f"\n[sweep] {signal_name(stop.signum)} while writing the tables and figures; trials.parquet and "
+                  f"the Parquet rows are complete")
+            print(f"[sweep] write them with: python -m analysis.tables {folder}")
+            print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
+        return exit_code(stop.signum)
     return 0 if (trials.status == "COMPLETED").all() else 1
 
 
@@ -110,41 +152,21 @@ def _tune_config(args):
     return tune.TuneConfig(**kwargs)
 
 
-def trials_table(grid, folder: Path) -> tuple[pd.DataFrame, int]:
-    """One row per trial (`fl_core.results.trial_row`: config columns, final summary from the
-    trial's Parquet rows) with status, wall time and provenance, written atomically; and the
-    number of Parquet rows read (trial x round x client)."""
-    rows, count = [], 0
-    for result in grid:
-        config = run_config(result.config)
-        rounds = read_trial(folder, config.config_hash())
-        count += len(rounds)
-        metrics = result.metrics or {}
-        if result.error is not None:
-            status = "ERROR"
-        elif metrics.get("done"):
-            status = "COMPLETED"
-        else:
-            status = "STOPPED"  # stopped early by the scheduler, or the sweep was interrupted
-        info = {k: metrics.get(k) for k in TRIAL_INFO}
-        row = trial_row(config, rounds, sweep=folder.name,
-                        trial_id=metrics.get("trial_id"), status=status,
-                        wall_seconds=float(metrics.get("time_total_s", 0.0)),
-                        error=None if result.error is None else str(result.error)[:500], **info)
-        rows.append({"rounds_done": 0} | row)
-    trials = pd.DataFrame(rows)
-    write_parquet(trials, folder / "trials.parquet")
-    return trials, count
+def tracking_uri(plan: SweepPlan) -> str:
+    return plan.args.tracking_uri or default_tracking_uri(plan.folder.parent)
 
 
-def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, tracking_uri: str, elapsed: float) -> None:
-    folder, args = plan.folder, plan.args
+def resume_command(plan: SweepPlan) -> str:
+    return (f"python sweeps/{plan.study}.py --resume {shlex.quote(plan.folder.name)} "
+            f"--results {shlex.quote(str(plan.args.results))}")
+
+
+def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, stopped_by: int | None = None) -> None:
+    folder = plan.folder
     done = trials[trials.status == "COMPLETED"]
-    print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed in {elapsed:.0f} s; "
-          f"{rows} Parquet rows (trial x round x client)")
-    if len(done) < len(trials):
-        print(f"[sweep] not completed: {trials.status.value_counts().to_dict()}; continue with: "
-              f"python sweeps/{plan.study}.py --resume --name {folder.name} --results {args.results}")
+    how = f"stopped by {signal_name(stopped_by)} after" if stopped_by is not None else "in"
+    print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
+          f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
     if not done.empty:
         knobs = [k for k in plan.knobs if k in done.columns and k not in SETTING_KNOBS and k != "seed"]
         print("[sweep] best configurations per data setting (final mean personalized accuracy over clients, "
@@ -152,7 +174,9 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, tracking_uri: str
         print(best_per_setting(done, knobs).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
-    print(f"[sweep] MLflow:  mlflow ui --backend-store-uri {tracking_uri}")
+    print(f"[sweep] MLflow:  mlflow ui --backend-store-uri {tracking_uri(plan)}")
+    if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
+        print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
 
 
 def best_per_setting(done: pd.DataFrame, knobs: list[str], top: int = 3) -> pd.DataFrame:

@@ -95,11 +95,14 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
 
     out = parser.add_argument_group("results")
     out.add_argument("--results", type=Path, default=Path("results"), help="results folder (all sweeps) (default: results)")
-    out.add_argument("--name", default=None, help="sweep name (default: <study>-<date>-<time>)")
+    out.add_argument("--name", default=None,
+                     help="sweep name (default: <study>-<date>-<time>); with --resume, the sweep to continue")
     out.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI (default: sqlite store <results>/mlflow.db)")
-    out.add_argument("--resume", action="store_true",
-                     help="continue an interrupted sweep (--name, or the latest sweep of this study)")
+    out.add_argument("--resume", nargs="?", const=True, default=False, metavar="NAME",
+                     help="continue an interrupted sweep: the one named NAME (or --name), else the latest sweep "
+                          "of this study under --results, whatever its name; its saved flags are used "
+                          "(default: start a new sweep)")
     out.add_argument("--checkpoint-every", type=int, default=1,
                      help="checkpoint the simulation every k rounds (default: 1)")
     out.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Tune verbosity (default: 1)")

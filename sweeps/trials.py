@@ -1,0 +1,105 @@
+"""trials.parquet: one row per trial of a sweep, whatever state the sweep ended in.
+
+A row is `fl_core.results.trial_row` (config columns, the final summary from the trial's
+Parquet rows) with its status, wall time and provenance. Statuses:
+  COMPLETED     ran all its rounds
+  STOPPED       stopped early by the scheduler (ASHA)
+  ERROR         failed (after its retries)
+  INTERRUPTED   the sweep was stopped (Ctrl-C, SIGTERM) while it ran; `--resume` continues it
+  NOT_STARTED   the sweep was stopped before it started (for a grid: every planned trial that
+                Tune had not even created yet is listed, from the plan)
+
+Where the status comes from: Tune's trial objects as they were at the last step of the tuning
+loop (`TrialLedger`, a Tune callback), because Tune marks the trials it was running TERMINATED
+when it stops them on an interrupt, like the ones a scheduler stopped. A Tune trial that never
+reported has no config in its `Result` (that is None), so its config is taken from the ledger or
+the plan. Without Tune (an interrupt before `fit`), the status comes from the rows on disk.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from ray import tune
+
+from fl_core.results import trial_row, write_parquet
+
+from .parquet_sink import read_trial
+from .plan import SweepPlan, run_config
+
+TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
+              "data_from_driver")
+UNFINISHED = ("INTERRUPTED", "NOT_STARTED")
+
+
+class TrialLedger(tune.Callback):
+    """Remembers, at the end of every step of Tune's loop, each trial's status and config.
+    Kept in a class attribute: on `Tuner.restore` Tune unpickles its own copy of the callback."""
+
+    seen: dict[str, tuple[str, dict]] = {}
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        TrialLedger.seen = {str(t.path): (t.status, t.config) for t in trials}
+
+
+def trials_table(plan: SweepPlan, grid=None, interrupted: bool = False) -> tuple[pd.DataFrame, int]:
+    """Every trial's row (see the module docstring), written atomically to trials.parquet; and the
+    number of Parquet rows read (trial x round x client). `grid`: Tune's ResultGrid, or None."""
+    rows: dict[str, dict[str, Any]] = {}
+    count = 0
+    seen = TrialLedger.seen if grid is not None else {}
+    for result in grid if grid is not None else ():
+        status_then, config = seen.get(str(result.path), (None, None))
+        config = result.config or config
+        if config is None:  # never reported and unknown to the ledger: the plan lists it below
+            continue
+        run = run_config(config)
+        rounds = read_trial(plan.folder, run.config_hash())
+        metrics = result.metrics or {}
+        status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted)
+        rows[run.config_hash()] = _row(plan, run, rounds, status, metrics, result.error)
+        count += len(rounds)
+    if plan.search == "grid":  # trials Tune had not created (or no Tune at all): from the plan and the disk
+        for run in plan.configs:
+            if run.config_hash() not in rows:
+                rounds = read_trial(plan.folder, run.config_hash())
+                rows[run.config_hash()] = _row(plan, run, rounds, _disk_status(run, rounds), {}, None)
+                count += len(rounds)
+        order = dict.fromkeys(run.config_hash() for run in plan.configs) | dict.fromkeys(rows)  # plan order
+        rows = {key: rows[key] for key in order}
+    trials = pd.DataFrame(list(rows.values())) if rows else pd.DataFrame({"config_hash": [], "status": []})
+    write_parquet(trials, plan.folder / "trials.parquet")
+    return trials, count
+
+
+def _tune_status(metrics: dict, error, status_then: str | None, rows: int, interrupted: bool) -> str:
+    if error is not None:
+        return "ERROR"
+    if metrics.get("done"):
+        return "COMPLETED"
+    if not metrics:
+        return "INTERRUPTED" if rows else "NOT_STARTED"  # rows: it ran before an earlier interrupt
+    if status_then is None:  # no ledger (a sweep started by an older version): best guess
+        return "INTERRUPTED" if interrupted else "STOPPED"
+    return "STOPPED" if status_then == "TERMINATED" else "INTERRUPTED"
+
+
+def _disk_status(run, rounds: pd.DataFrame) -> str:
+    if rounds.empty:
+        return "NOT_STARTED"
+    return "COMPLETED" if int(rounds["round"].max()) >= run.rounds else "INTERRUPTED"
+
+
+def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict, error) -> dict[str, Any]:
+    info = {k: metrics.get(k) for k in TRIAL_INFO}
+    wall = metrics.get("time_total_s")
+    row = trial_row(run, rounds, sweep=plan.folder.name, trial_id=metrics.get("trial_id"), status=status,
+                    wall_seconds=float(wall) if wall is not None else math.nan,
+                    error=None if error is None else str(error)[:500], **info)
+    return {"rounds_done": 0} | row
+
+
+def status_counts(trials: pd.DataFrame) -> str:
+    """e.g. '3 COMPLETED, 1 INTERRUPTED, 4 NOT_STARTED' (most common first)."""
+    return ", ".join(f"{n} {status}" for status, n in trials["status"].value_counts().items()) or "none"

@@ -1,0 +1,301 @@
+"""Ctrl-C (SIGINT) and SIGTERM stop a sweep cleanly at any moment, and --resume finds it.
+
+Without Ray: which sweep `--resume` / `--resume NAME` picks and its errors, and trials.parquet
+for Tune results that never reported (their config is None).
+With Ray (slow): the sweep driver runs as a subprocess joined to the session's Ray cluster (its
+temp files in the test's tmp folder) and gets a signal before Tune starts, with trials pending,
+during a run, and while it writes the tables; each time it must exit with 128 + the signal
+number, no traceback, trials.parquet listing every planned trial, and our resume command; the
+resumed sweep then has every row exactly once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from sweeps.fedselect_grid import STUDY
+from sweeps.folder import SWEEP_FORMAT, sweep_folder
+from sweeps.interrupts import Interrupted, Interrupts, exit_code
+from sweeps.parquet_sink import read_rounds
+from sweeps.study import build_parser, plan_sweep, run_study
+from sweeps.trials import trials_table
+
+from conftest import REPO
+from sweep_helpers import direct_final_rows, final_rows, sweep_args
+
+slow = pytest.mark.slow
+CLIENTS = 3  # TINY_SWEEP
+
+
+# ---------------------------------------------------------------------------- --resume without Ray
+def _fake_sweep(results: Path, name: str, study: str | None, age: float = 0.0) -> Path:
+    """A sweep folder holding only sweep.json (format 3; `study` None: written before it was recorded)."""
+    folder = results / name
+    folder.mkdir(parents=True)
+    saved = {"sweep_format": SWEEP_FORMAT} | ({"study": study} if study else {})
+    (folder / "sweep.json").write_text(json.dumps(saved))
+    stamp = time.time() - age
+    os.utime(folder / "sweep.json", (stamp, stamp))
+    return folder
+
+
+def _resolve(tmp_path: Path, *flags: str) -> Path:
+    return sweep_folder(STUDY.name, build_parser(STUDY).parse_args(["--results", str(tmp_path), *flags]))
+
+
+def test_resume_alone_finds_the_latest_sweep_of_the_study_whatever_its_name(tmp_path):
+    _fake_sweep(tmp_path, "fedselect_grid-20250101-000000", None, age=300)  # old format: by its name
+    _fake_sweep(tmp_path, "my-named-sweep", "fedselect_grid", age=200)
+    assert _resolve(tmp_path, "--resume") == tmp_path / "my-named-sweep"
+    _fake_sweep(tmp_path, "newer-but-baselines", "baselines", age=100)  # another study: never picked
+    _fake_sweep(tmp_path, "fedselect_grid-lookalike", "ablation", age=50)  # its record beats its name
+    (tmp_path / "not-a-sweep").mkdir()
+    assert _resolve(tmp_path, "--resume") == tmp_path / "my-named-sweep"
+    latest = _fake_sweep(tmp_path, "fedselect_grid-20250102-000000", None, age=10)
+    assert _resolve(tmp_path, "--resume") == latest
+
+
+def test_resume_name_and_name_resume_pick_that_sweep(tmp_path):
+    _fake_sweep(tmp_path, "first", "fedselect_grid", age=100)
+    _fake_sweep(tmp_path, "second", "fedselect_grid")
+    assert _resolve(tmp_path, "--resume", "first") == tmp_path / "first"
+    assert _resolve(tmp_path, "--name", "first", "--resume") == tmp_path / "first"
+    assert _resolve(tmp_path, "--resume", "first", "--name", "first") == tmp_path / "first"
+    assert _resolve(tmp_path, "--resume") == tmp_path / "second"
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--resume"], "--resume: no fedselect_grid sweep under"),
+    (["--resume", "missing"], "--resume missing: no sweep 'missing' in"),
+    (["--resume", "theirs"], "'theirs' is a sweep of the baselines study, not of fedselect_grid; resume it with "
+                             "python sweeps/baselines.py --resume theirs"),
+    (["--name", "theirs", "--resume"], "'theirs' is a sweep of the baselines study"),
+    (["--resume", "a", "--name", "b"], "--resume a and --name b name two sweeps"),
+])
+def test_resume_errors_are_clear(tmp_path, capsys, flags, needle):
+    _fake_sweep(tmp_path, "theirs", "baselines")
+    assert run_study(STUDY, ["--results", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("error:") == 1
+
+
+def test_missing_sweep_error_lists_the_sweeps_of_the_study(tmp_path, capsys):
+    _fake_sweep(tmp_path, "mine", "fedselect_grid")
+    assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "mien"]) == 2
+    assert "(sweeps of fedselect_grid there: mine)" in capsys.readouterr().err
+
+
+def test_trials_table_lists_every_planned_trial_when_tune_results_have_no_config(tmp_path):
+    """The reported crash: a PENDING trial's Result has config None (it never reported)."""
+    args = build_parser(STUDY).parse_args(sweep_args(tmp_path, "table", "--pers-rate", "0.1", "0.25",
+                                                     "--anchors", "fedavg"))
+    plan, _ = plan_sweep(STUDY, args, build_parser(STUDY).parse_args([]))
+    pending = SimpleNamespace(config=None, metrics={}, error=None, path="nowhere")
+    trials, rows = trials_table(plan, [pending, pending], interrupted=True)
+    assert rows == 0 and len(trials) == 3 and (trials.status == "NOT_STARTED").all()
+    assert list(trials.config_hash) == [c.config_hash() for c in plan.configs]
+    saved = pd.read_parquet(tmp_path / "table" / "trials.parquet")
+    assert sorted(saved.algorithm) == ["fedavg", "fedselect", "fedselect"] and (saved.rounds_done == 0).all()
+
+
+def _signal_self(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.5)  # the handler runs here (a raising one ends the sleep)
+
+
+def test_a_signal_raises_waits_or_stops_tune_depending_on_where_the_driver_is():
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    with Interrupts() as guard:  # raise: before Tune, and during the tables
+        with pytest.raises(Interrupted) as stop:
+            _signal_self(signal.SIGTERM)
+        assert stop.value.signum == signal.SIGTERM and exit_code(stop.value.signum) == 143
+    with Interrupts() as guard:  # hold: the block ends first, then the signal is raised
+        done = []
+        with pytest.raises(Interrupted) as stop:
+            with guard.hold():
+                _signal_self(signal.SIGINT)
+                done.append("block")
+        assert done == ["block"] and exit_code(stop.value.signum) == 130
+    with Interrupts() as guard:  # tune, before Tune has installed its handler: stop at once
+        with pytest.raises(Interrupted), guard.tune():
+            assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
+            _signal_self(signal.SIGINT)
+    asked = []
+    with Interrupts() as guard:  # tune: the first asks Tune to stop (its SIGUSR1 handler), the second raises
+        with guard.tune():
+            signal.signal(signal.SIGUSR1, lambda sig, frame: asked.append(sig))  # as Tuner.fit does
+            _signal_self(signal.SIGINT)
+            assert asked == [signal.SIGINT] and guard.signum == signal.SIGINT
+            with pytest.raises(Interrupted):
+                _signal_self(signal.SIGINT)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert os.environ.get("TUNE_DISABLE_SIGINT_HANDLER") == env
+
+
+# ---------------------------------------------------------------------------- the driver, signalled
+class Driver:
+    """`sweeps/fedselect_grid.py` in its own process group, output to a log file."""
+
+    def __init__(self, tmp_path: Path, name: str, argv: list[str], pause: str | None = None) -> None:
+        self.log = tmp_path / f"{name}.log"
+        self.folder = tmp_path / name
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        if pause:
+            env["SWEEPS_TEST_PAUSE"] = pause
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "sweeps/fedselect_grid.py", *argv], cwd=REPO, env=env,
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, predicate, what: str, timeout: float = 240) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the driver exited ({self.proc.returncode}) before {what}:\n"
+                                     f"{self.output()[-3000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-3000:]}")
+
+    def ctrl_c(self) -> None:  # what a terminal does: SIGINT to the foreground process group
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def finish(self, timeout: float = 180) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the driver did not stop:\n{self.output()[-3000:]}") from None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def driver_factory():
+    drivers: list[Driver] = []
+
+    def start(*args, **kwargs) -> Driver:
+        drivers.append(Driver(*args, **kwargs))
+        return drivers[-1]
+
+    yield start
+    for driver in drivers:  # always: no driver outlives its test
+        driver.kill()
+
+
+def _stopped_cleanly(driver: Driver, code: int, tmp_path: Path, sig: str) -> pd.DataFrame:
+    out = driver.output()
+    assert code == {"SIGINT": 130, "SIGTERM": 143}[sig], out[-3000:]
+    assert "Traceback" not in out and "Tuner.restore" not in out, out[-3000:]
+    assert f"python sweeps/fedselect_grid.py --resume {driver.folder.name} --results {tmp_path}" in out
+    assert json.loads((driver.folder / "sweep.json").read_text())["study"] == "fedselect_grid"
+    return pd.read_parquet(driver.folder / "trials.parquet")
+
+
+def _round_files(folder: Path) -> list[Path]:
+    return list((folder / "rounds").glob("*.parquet")) if (folder / "rounds").exists() else []
+
+
+def _complete(folder: Path, trials: int, rounds: int) -> pd.DataFrame:
+    """The resumed sweep: every trial completed, every (trial, round, client) row once, compacted."""
+    table = pd.read_parquet(folder / "trials.parquet")
+    assert len(table) == trials and (table.status == "COMPLETED").all(), table[["config_hash", "status"]]
+    rows = read_rounds(folder)
+    assert len(rows) == trials * rounds * CLIENTS
+    assert not rows.duplicated(["config_hash", "round", "client"]).any()
+    assert sorted(p.name for p in (folder / "rounds").iterdir()) == sorted(f"{h}.parquet" for h in table.config_hash)
+    return table
+
+
+@slow
+def test_sigint_before_any_trial_started_then_resume_alone(ray_cluster, tmp_path, driver_factory):
+    argv = sweep_args(tmp_path, "early", "--pers-rate", "0.25", "--anchors", "fedavg", "--address",
+                      ray_cluster.address, rounds=2)
+    driver = driver_factory(tmp_path, "early", argv, pause="start")  # Ray is up, data in it, Tune not started
+    driver.wait_for(lambda: "test hook: paused before start" in driver.output(), "the driver to reach Tune")
+    driver.ctrl_c()
+    trials = _stopped_cleanly(driver, driver.finish(), tmp_path, "SIGINT")
+    assert len(trials) == 2 and (trials.status == "NOT_STARTED").all() and (trials.rounds_done == 0).all()
+    assert "0/2 trials completed (2 NOT_STARTED) stopped by SIGINT" in driver.output()
+    assert not _round_files(driver.folder)
+
+    assert run_study(STUDY, ["--resume", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    _complete(driver.folder, trials=2, rounds=2)
+
+
+@slow
+def test_sigint_with_trials_pending_then_resume_name(ray_cluster, tmp_path, driver_factory):
+    argv = sweep_args(tmp_path, "pending", "--pers-rate", "0.1", "0.25", "0.5", "--anchors", "fedavg",
+                      "--max-concurrent", "1", "--address", ray_cluster.address, rounds=6)
+    driver = driver_factory(tmp_path, "pending", argv)
+    driver.wait_for(lambda: _round_files(driver.folder), "the first round's rows")
+    driver.ctrl_c()
+    trials = _stopped_cleanly(driver, driver.finish(), tmp_path, "SIGINT")
+    assert len(trials) == 4 and trials.config_hash.is_unique
+    assert set(trials.status) <= {"COMPLETED", "INTERRUPTED", "NOT_STARTED"}
+    assert (trials.status == "NOT_STARTED").sum() >= 2  # one at a time: most had not started
+    assert (trials.loc[trials.status == "NOT_STARTED", "rounds_done"] == 0).all()
+    rows = read_rounds(driver.folder)  # the rounds that ran are kept, once each
+    assert len(rows) == trials.rounds_done.sum() * CLIENTS > 0
+    assert not rows.duplicated(["config_hash", "round", "client"]).any()
+    assert "stopped by SIGINT" in driver.output()
+
+    assert run_study(STUDY, ["--resume", "pending", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    table = _complete(driver.folder, trials=4, rounds=6)
+    pd.testing.assert_frame_equal(final_rows(read_rounds(driver.folder)), direct_final_rows(table))
+
+
+@slow
+def test_sigterm_during_a_run_then_resume_alone_picks_it_among_other_sweeps(ray_cluster, tmp_path, driver_factory):
+    argv = sweep_args(tmp_path, "term", "--pers-rate", "0.1", "0.5", "--anchors", "fedavg",
+                      "--max-concurrent", "2", "--address", ray_cluster.address, rounds=6)
+    driver = driver_factory(tmp_path, "term", argv)
+    driver.wait_for(lambda: len(_round_files(driver.folder)) >= 2, "some rounds")
+    driver.proc.send_signal(signal.SIGTERM)  # the driver only, as `kill PID` does
+    trials = _stopped_cleanly(driver, driver.finish(), tmp_path, "SIGTERM")
+    assert len(trials) == 3 and "stopped by SIGTERM" in driver.output()
+    assert (trials.status != "COMPLETED").any(), "the sweep finished before it could be stopped"
+    assert len(read_rounds(driver.folder)) == trials.rounds_done.sum() * CLIENTS
+
+    # --resume alone: the latest sweep of this study, although its name is not fedselect_grid-...
+    # and a sweep of another study was written after it
+    other = tmp_path / "base"
+    other.mkdir()
+    (other / "sweep.json").write_text(json.dumps({"sweep_format": SWEEP_FORMAT, "study": "baselines"}))
+    assert run_study(STUDY, ["--resume", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    _complete(driver.folder, trials=3, rounds=6)
+
+
+@slow
+def test_sigint_while_writing_tables_then_resume_writes_them(ray_cluster, tmp_path, driver_factory):
+    argv = sweep_args(tmp_path, "tables", "--pers-rate", "0.25", "--anchors", "fedavg", "--address",
+                      ray_cluster.address, rounds=2)
+    driver = driver_factory(tmp_path, "tables", argv, pause="tables")  # every trial done, tables next
+    driver.wait_for(lambda: "test hook: paused before tables" in driver.output(), "the final tables", timeout=300)
+    driver.ctrl_c()
+    trials = _stopped_cleanly(driver, driver.finish(), tmp_path, "SIGINT")
+    assert len(trials) == 2 and (trials.status == "COMPLETED").all()
+    assert "SIGINT while writing the tables and figures" in driver.output()
+    assert "2/2 trials completed" in driver.output()
+    assert not (driver.folder / "tables" / "methods.tex").exists()
+
+    assert run_study(STUDY, ["--resume", "tables", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    _complete(driver.folder, trials=2, rounds=2)
+    assert (driver.folder / "tables" / "methods.tex").stat().st_size > 0
