@@ -113,7 +113,8 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     run.add_argument("--gpus-per-trial", default="auto",
                      help="GPUs per trial: a fraction packs trials (0.25 = four per GPU); auto = 0.25 on a "
                           "cluster with GPUs, 0 without (default: auto)")
-    run.add_argument("--address", default=None, help="join an existing Ray cluster (e.g. ray://host:10001 or auto)")
+    run.add_argument("--address", default=None,
+                     help="join an existing Ray cluster (e.g. auto, or HEAD:6379) (default: none, start a local one)")
     run.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once (default: none)")
     run.add_argument("--max-failures", type=int, default=2,
                      help="retries of a crashed trial, from its checkpoint (default: 2)")
@@ -190,6 +191,16 @@ def run_study(study: Study, argv: list[str] | None = None) -> int:
         return 2
 
 
+def progress_columns(columns: dict[str, str], configs: list[RunConfig]) -> dict[str, str]:
+    """The study's progress-table columns, plus dataset, partition and seed wherever they vary
+    among the trials (crossed data settings must be told apart in the table)."""
+    shown = dict(columns)
+    for knob, title in (("dataset", "data"), ("partition", "split"), ("seed", "seed")):
+        if knob not in shown and len({getattr(c, knob) for c in configs}) > 1:
+            shown[knob] = title
+    return shown
+
+
 def plan_sweep(study: Study, args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[SweepPlan, float | str]:
     """Check the flags and build every trial's config (raises before any data, Ray or file)."""
     from . import resources
@@ -209,9 +220,10 @@ def plan_sweep(study: Study, args: argparse.Namespace, defaults: argparse.Namesp
         raise SweepError(f"study {study.name}: progress columns {', '.join(unknown)} are not knobs")
 
     configs = validate_trials(study.grid(args))
+    shown = progress_columns(study.columns, configs)
     if args.search == "optuna":
         base, domains = study.search(args, configs)
-        space, columns = search_space(base, domains, study.columns)
+        space, columns = search_space(base, domains, shown)
     else:
-        space, columns = grid_space(configs, study.columns)
+        space, columns = grid_space(configs, shown)
     return SweepPlan(study.name, folder, args, configs, space, columns, args.search, tuple(study.columns)), gpus

@@ -178,3 +178,23 @@ def test_mlflow_run_names_tell_the_trials_apart_by_what_varies():
     assert "FedSelect (layer B) p=0.25 α=0.8 digits 2 shards E1 s0" in named  # the label says the variant
     twins = run_names([RunConfig(dir_alpha=0.1), RunConfig(dir_alpha=0.5)])  # differ in a knob no name shows
     assert len(set(twins.values())) == 2 and all(len(n.split()[-1]) == 6 for n in twins.values())
+
+
+def test_progress_table_shows_dataset_partition_and_seed_where_they_vary(tmp_path):
+    parser = build_parser(STUDY)
+    crossed = parser.parse_args(["--results", str(tmp_path), "--dataset", "digits", "synthetic",
+                                 "--partition", "shards", "dirichlet"])
+    plan, _ = plan_sweep(STUDY, crossed, parser.parse_args([]))
+    assert {"data", "split", "seed"} <= set(plan.columns.values())
+    single = parser.parse_args(["--results", str(tmp_path), "--seeds", "0"])
+    plan, _ = plan_sweep(STUDY, single, parser.parse_args([]))
+    assert not {"data", "split", "seed"} & set(plan.columns.values())
+
+
+@pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
+def test_every_visible_flag_says_its_default(study):
+    import argparse
+    parser = build_parser(study)
+    silent = [a.option_strings[0] for a in parser._actions
+              if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS and "default" not in (a.help or "")]
+    assert silent == []
