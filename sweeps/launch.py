@@ -174,9 +174,16 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         print(best_per_setting(done, knobs).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
-    print(f"[sweep] MLflow:  mlflow ui --backend-store-uri {tracking_uri(plan)}")
+    print(f"[sweep] MLflow:  {mlflow_command()} ui --backend-store-uri {tracking_uri(plan)}")
     if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
         print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
+
+
+def mlflow_command() -> str:
+    """The `mlflow` executable of this environment (the venv's, which is not on PATH unless the
+    venv is activated), else plain `mlflow`."""
+    beside = Path(sys.executable).parent / "mlflow"
+    return str(beside) if beside.exists() else "mlflow"
 
 
 def best_per_setting(done: pd.DataFrame, knobs: list[str], top: int = 3) -> pd.DataFrame:

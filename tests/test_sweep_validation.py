@@ -198,3 +198,10 @@ def test_every_visible_flag_says_its_default(study):
     silent = [a.option_strings[0] for a in parser._actions
               if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS and "default" not in (a.help or "")]
     assert silent == []
+
+
+def test_the_printed_mlflow_command_is_this_environments():
+    from pathlib import Path
+    from sweeps.launch import mlflow_command
+    command = mlflow_command()
+    assert command == "mlflow" or (Path(command).parent == Path(sys.executable).parent and Path(command).exists())
