@@ -168,9 +168,9 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
           f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
     if not done.empty:
-        knobs = [k for k in plan.knobs if k in done.columns and k not in SETTING_KNOBS and k != "seed"]
-        print("[sweep] best configurations per data setting (final mean personalized accuracy over clients, "
-              "mean ± std over seeds; completed trials only):")
+        knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
+        print("[sweep] each method's best configuration per data setting (final mean personalized accuracy over "
+              "clients, mean ± std over seeds; completed trials only):")
         print(best_per_setting(done, knobs).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
@@ -186,16 +186,18 @@ def mlflow_command() -> str:
     return str(beside) if beside.exists() else "mlflow"
 
 
-def best_per_setting(done: pd.DataFrame, knobs: list[str], top: int = 3) -> pd.DataFrame:
-    """Per data setting, the `top` configurations (method and swept knobs) by final accuracy
-    averaged over their seeds: a configuration is ranked only against others on the same data,
-    and never by one lucky seed."""
-    keys = ["setting", "method", *[k for k in knobs if k not in ("setting", "method")]]
+def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
+    """Per data setting (and local epochs where they vary), each method's best configuration of
+    the swept knobs by final accuracy averaged over its seeds, best first: a configuration is
+    ranked only against others on the same data, never by one lucky seed, and the anchors stand
+    beside the tuned method."""
+    cell = ["setting"] + (["local_epochs"] if "local_epochs" in done and done["local_epochs"].nunique() > 1 else [])
+    keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
     grouped = done.groupby(keys, dropna=False, sort=False)
     stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
     stats["mb"] = grouped["mb_total"].mean().to_numpy()
-    stats = stats.sort_values(["setting", "mean"], ascending=[True, False], kind="stable")
-    stats = stats.groupby("setting", sort=False).head(top)
+    stats = stats.sort_values("mean", ascending=False, kind="stable").groupby([*cell, "method"], sort=False).head(1)
+    stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
     stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]
     stats["seeds"] = stats["count"].astype(int)
