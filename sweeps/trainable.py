@@ -45,7 +45,7 @@ from .plan import run_config
 from .resources import TrialResources
 
 PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "threads", "config_hash",
-              "data_from_driver", "reported_at")
+              "data_from_driver", "reported_at", "node_id")
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -80,7 +80,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
 
     provenance = {"resumed_from_round": sim.completed, "started_at": started_at,
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
-                  "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None}
+                  "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
+                  "node_id": ray.get_runtime_context().get_node_id()}  # the Ray node the trial ran on (last run)
     for result in sim.run():
         rows = pd.DataFrame(round_rows(result, run, sim.model_name, **context))
         parquet_sink.write_round(folder, key, result.round, rows)

@@ -29,7 +29,7 @@ from .parquet_sink import read_trial
 from .plan import SweepPlan, run_config
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
-              "data_from_driver")
+              "data_from_driver", "node_id")
 UNFINISHED = ("INTERRUPTED", "NOT_STARTED")
 
 

@@ -13,8 +13,8 @@ subprocess: pytest's own session cluster (conftest `ray_cluster`) is neither use
 
 Where each trial ran: Tune's per-trial result log (`tune/<trial>/result.json`) records the pid of
 the process that ran the trial; the cluster's actor table (GCS) gives that process's node, and
-that node's own log folder holds the process's log file. The trials' provenance columns do not
-record a node yet (see PROVENANCE in sweeps/trainable.py).
+that node's own log folder holds the process's log file. The trials' own `node_id` column
+(PROVENANCE in sweeps/trainable.py) must agree.
 
 Why 16 rounds and not 2: the launcher reuses trial actors
 (`reuse_actors=True`). A trial that ends before the other node's trial process is up (a fresh
@@ -288,6 +288,8 @@ def test_sweep_through_address_runs_trials_on_both_nodes_with_complete_results(t
     timeline = trials.set_index("trial_id")[["algorithm", "started_at", "reported_at"]].assign(node=pd.Series(where))
     timeline[["started_at", "reported_at"]] -= trials.started_at.min()  # seconds since the first trial started
     assert set(where.values()) == {"head", "worker"}, f"all trials ran on one node:\n{timeline}\nsweep: {elapsed:.0f} s"
+    # ... and trials.parquet says the same: each trial's recorded node is the one its process ran on
+    assert trials.set_index("trial_id").node_id.to_dict() == {t: node_ids[r] for t, r in where.items()}
 
     # ---- Parquet: every trial's rows, every round and client, once
     assert len(trials) == 4 and (trials.status == "COMPLETED").all(), trials[["trial_id", "status"]]
