@@ -77,6 +77,7 @@ class MLflowSink(tune.Callback):
         self._runs: dict[str, str] = {}       # trial id -> child run id
         self._logged: dict[str, int] = {}     # child run id -> last logged round
         self._names: dict[str, str] = {}      # config hash -> run name
+        self._finished: set[str] = set()      # trial ids that reported their last round
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment
         state = self.__dict__.copy()
@@ -110,7 +111,8 @@ class MLflowSink(tune.Callback):
         self._guard("opening the sweep's parent run", self._start_sweep, self.sweep_params)
 
     def on_experiment_end(self, trials, **info):
-        finished = all(t.status == "TERMINATED" for t in trials)
+        # Tune marks trials it stopped on an interrupt TERMINATED too: count those that reported their last round
+        finished = all(t.trial_id in self._finished for t in trials)
         if self.parent_id:
             self._guard("closing the parent run", self.client.set_terminated, self.parent_id,
                         "FINISHED" if finished else "KILLED")
@@ -176,6 +178,8 @@ class MLflowSink(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial, trials)
+        if result.get("done"):
+            self._finished.add(trial.trial_id)
         rnd = int(result.get("round", 0))
         logged = self._logged.get(run_id, 0)
         if not run_id or rnd <= logged:

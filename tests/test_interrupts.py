@@ -30,7 +30,7 @@ from sweeps.study import build_parser, plan_sweep, run_study
 from sweeps.trials import trials_table
 
 from conftest import REPO
-from sweep_helpers import direct_final_rows, final_rows, sweep_args
+from sweep_helpers import direct_final_rows, final_rows, mlflow_runs, sweep_args
 
 slow = pytest.mark.slow
 CLIENTS = 3  # TINY_SWEEP
@@ -256,10 +256,14 @@ def test_sigint_with_trials_pending_then_resume_name(ray_cluster, tmp_path, driv
     assert len(rows) == trials.rounds_done.sum() * CLIENTS > 0
     assert not rows.duplicated(["config_hash", "round", "client"]).any()
     assert "stopped by SIGINT" in driver.output()
+    _, sweeps, _ = mlflow_runs(tmp_path)
+    assert [r.info.status for r in sweeps] == ["KILLED"]  # the sweep's MLflow run says it did not finish
 
     assert run_study(STUDY, ["--resume", "pending", "--results", str(tmp_path), "--verbose", "0"]) == 0
     table = _complete(driver.folder, trials=4, rounds=6)
     pd.testing.assert_frame_equal(final_rows(read_rounds(driver.folder)), direct_final_rows(table))
+    _, sweeps, _ = mlflow_runs(tmp_path)
+    assert [r.info.status for r in sweeps] == ["FINISHED"]
 
 
 @slow
