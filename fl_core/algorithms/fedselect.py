@@ -101,24 +101,27 @@ class FedSelect(Algorithm):
             client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
                            for n in self.param_names}
         client.extra["fraction"] = 0.0
-        if self.faithful:  # the reference measures the first Δ from the initial model
+        if self.faithful and self.params.fedselect_variant != "layer":  # the first Δ is from the initial model
             client.extra["reference"] = {n: init[n].clone() for n in self.selectable}
         return client
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         self.apply_next_mask(client)  # normally done by `receive`; here if no broadcast came
-        if not self.faithful:
-            client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
+        grows = self.grows_in(rnd) and self.params.fedselect_variant != "layer"
+        reference = None  # Δ is measured from the start of LocalAlt, or (faithful) from the state kept at the last update
+        if grows:
+            reference = client.extra["reference"] if self.faithful else self.selectable_copy(client)
         stats = self.local_alt(k, client, data, rnd)
-        if self.grows_in(rnd) and self.params.fedselect_variant != "layer":
+        if grows:
             # kept bit-packed (as plain tensors, so that a saved state stays loadable) until the broadcast
-            client.extra["next_mask"] = PackedMask(self.grad_select(client, client.extra["reference"], rnd, k)).to_dict()
+            client.extra["next_mask"] = PackedMask(self.grad_select(client, reference, rnd, k)).to_dict()
             if self.faithful:  # the next Δ is measured from here (after training, before the broadcast)
-                client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
-        if not self.faithful:
-            del client.extra["reference"]
+                client.extra["reference"] = self.selectable_copy(client)
         return stats
+
+    def selectable_copy(self, client: ClientState) -> State:
+        return {n: client.state[n].clone() for n in self.selectable}
 
     def grows_in(self, rnd: int) -> bool:
         if not self.faithful:
