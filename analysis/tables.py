@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fl_core.algorithms import ALGORITHMS, get_algorithm
+from fl_core.results import KNOB_SYMBOLS
 
 from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
@@ -93,7 +94,7 @@ def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
 
 
 def _knob_text(knobs: list[str], values: tuple) -> str:
-    names = {"pers_rate": "p", "pers_limit": "α", "local_epochs": "local epochs"}
+    names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
     return ", ".join(f"{names.get(k, k)} = {v:g}" for k, v in zip(knobs, values))
 
 

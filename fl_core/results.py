@@ -139,6 +139,10 @@ def method_metric_columns(rows: pd.DataFrame) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- labels
+# The papers' symbols for the knobs that have one (tables, run names); other knobs go by name.
+KNOB_SYMBOLS = {"pers_rate": "p", "pers_limit": "α", "ditto_lambda": "λ", "fedpac_lambda": "λ"}
+
+
 def setting_label(values: Mapping[str, Any]) -> str:
     """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`,
     `digits, Dir(0.1) by class` (the `dirichlet_class` partition)."""

@@ -37,7 +37,7 @@ import pandas as pd
 from ray import tune
 
 from fl_core.config import DATA_KNOBS, NON_SEMANTIC, RunConfig
-from fl_core.results import config_columns, setting_label, summarize_trial
+from fl_core.results import KNOB_SYMBOLS, config_columns, setting_label, summarize_trial
 
 from .parquet_sink import read_trial
 from .plan import run_config
@@ -230,7 +230,6 @@ class MLflowSink(tune.Callback):
 
 # MLflow 3 opens an experiment of this kind on its runs table (not the GenAI overview).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-SHORT_KNOBS = {"pers_rate": "p", "pers_limit": "α", "ditto_lambda": "λ", "fedpac_lambda": "λ"}
 ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
 # Shown in their own place in a name (setting, E, s), or never (where and how fast a run happens).
 NAMED_APART = {*DATA_KNOBS, *NON_SEMANTIC, "algorithm", "local_epochs", "seed"}
@@ -248,8 +247,8 @@ def run_names(configs: list[RunConfig]) -> dict[str, str]:
         peers = [d for peer, d in labelled if peer == label]  # what the label already says is not repeated
         varying = [k for k in own if k not in NAMED_APART and len({repr(d.get(k)) for d in peers}) > 1]
         shown = list(dict.fromkeys([*ALWAYS_NAMED.get(config.algorithm, ()), *varying]))
-        knobs = " ".join(f"{SHORT_KNOBS.get(k, k)}={own[k]:g}" if isinstance(own[k], float) else f"{SHORT_KNOBS.get(k, k)}={own[k]}"
-                         for k in shown)
+        knobs = " ".join(f"{KNOB_SYMBOLS.get(k, k)}={own[k]:g}" if isinstance(own[k], float)
+                         else f"{KNOB_SYMBOLS.get(k, k)}={own[k]}" for k in shown)
         setting = setting_label(own).replace(", ", " ")
         names[config.config_hash()] = " ".join(p for p in (label, knobs, setting, f"E{config.local_epochs}",
                                                             f"s{config.seed}") if p)
