@@ -48,12 +48,20 @@ class RunConfig:
     # ---- data (these knobs are the data spec: `data_spec()`)
     dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline)", choices=DATASETS, data=True)
     num_clients: int = knob(10, "number of clients", low=1, data=True)
-    partition: str = knob("shards", "how the training data is split over clients: shards = shards_per_client classes each; dirichlet = the papers' split (Hsu et al. 2019, FedL2P, DisPFL): equal client sizes, each client's class mix ~ Dir(dir_alpha); dirichlet_class = per class, shares over clients ~ Dir(dir_alpha), sizes vary (Yurochkin et al. 2019 / Wang et al. 2020); iid = even random split. Test sets follow each client's train label mix (fl_core/data/partition.py)", choices=PARTITIONS, data=True)
+    partition: str = knob("shards", "how the training data is split over clients: shards = shards_per_client classes "
+                          "each; dirichlet = the papers' split (Hsu et al. 2019, FedL2P, DisPFL): equal client sizes, "
+                          "each client's class mix ~ Dir(dir_alpha); dirichlet_class = per class, shares over clients "
+                          "~ Dir(dir_alpha), sizes vary (Yurochkin et al. 2019 / Wang et al. 2020); iid = even random "
+                          "split. Test sets follow each client's train label mix (fl_core/data/partition.py)",
+                          choices=PARTITIONS, data=True)
     shards_per_client: int = knob(2, "shards: distinct classes per client", low=1, data=True)
     dir_alpha: float = knob(0.5, "dirichlet, dirichlet_class: concentration of the Dirichlet split (small = skewed)", low=0, low_open=True, data=True)
     samples_per_client: int | None = knob(None, "cap on each client's training samples (the FedSelect paper uses 100); none = no cap", low=1, data=True)
-    test_samples_per_client: int | None = knob(None, "cap on each client's test samples; none = the largest size, proportional to the client's train size, at which every client's test set follows its train label mix", low=1, data=True)
-    min_samples: int = knob(10, "dirichlet, dirichlet_class: minimum training samples per client (dirichlet: of the equal size before samples_per_client)", low=1, data=True)
+    test_samples_per_client: int | None = knob(None, "cap on each client's test samples; none = the largest size, "
+                                               "proportional to the client's train size, at which every client's test "
+                                               "set follows its train label mix", low=1, data=True)
+    min_samples: int = knob(10, "dirichlet, dirichlet_class: minimum training samples per client (dirichlet: of the "
+                                "equal size before samples_per_client)", low=1, data=True)
     val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split (selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
