@@ -66,3 +66,11 @@ def test_every_method_declares_its_knobs_its_display_name_and_a_paper_docstring(
     assert len(seen) == len(ALGORITHMS)
     assert RunConfig(fedselect_variant="layer", layer_block="B").label() == "FedSelect (layer B)"
     assert RunConfig(algorithm="fedavg_ft").label() == "FedAvg+FT"
+
+
+def test_the_results_revision_is_part_of_every_hash(monkeypatch):
+    import fl_core.config as config_module
+    before = [RunConfig(algorithm=a).config_hash() for a in ("fedselect", "fedavg")]
+    monkeypatch.setattr(config_module, "RESULTS_REVISION", config_module.RESULTS_REVISION + 1)
+    after = [RunConfig(algorithm=a).config_hash() for a in ("fedselect", "fedavg")]
+    assert all(b != a for b, a in zip(before, after))

@@ -204,8 +204,8 @@ def test_every_visible_flag_says_its_default(study):
 def test_the_printed_mlflow_command_is_this_environments():
     from pathlib import Path
     from sweeps.launch import mlflow_command
-    command = mlflow_command()
-    assert command == "mlflow" or (Path(command).parent == Path(sys.executable).parent and Path(command).exists())
+    beside = Path(sys.executable).parent / "mlflow"
+    assert mlflow_command() == (str(beside) if beside.exists() else "mlflow")
 
 
 def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
@@ -215,3 +215,11 @@ def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
     best = best_per_setting(done, ["local_epochs"])
     assert best[["local_epochs", "method", "acc"]].values.tolist() == [
         [1, "FedSelect", "0.6000"], [1, "FedAvg", "0.5000"], [2, "FedSelect", "0.9000"], [2, "FedAvg", "0.8000"]]
+
+
+def test_dir_alpha_is_swept_for_both_dirichlet_partitions_only():
+    args = build_parser(baselines.STUDY).parse_args(["--algorithms", "fedavg", "--seeds", "0", "--dir-alpha", "0.1", "0.5",
+                                                     "--partition", "shards", "dirichlet", "dirichlet_class"])
+    settings = {(c.partition, c.dir_alpha) for c in validate_trials(baselines.grid(args))}
+    assert settings == {("shards", RunConfig().dir_alpha), ("dirichlet", 0.1), ("dirichlet", 0.5),
+                        ("dirichlet_class", 0.1), ("dirichlet_class", 0.5)}
