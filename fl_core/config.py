@@ -207,14 +207,17 @@ def knob_owners() -> dict[str, list[str]]:
 
 
 def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ...] = (),
-                      defaults: dict[str, Any] | None = None) -> None:
+                      defaults: dict[str, Any] | None = None, only_given: bool = False, wrap_type: Any = None) -> None:
     """Every knob as a flag, generated from the declarations: a group of common knobs, then one
     group per method. Method flags are only passed on when given (a run never carries another
     method's knobs; giving one is a ConfigError naming its owner). A knob several methods
     declare (e.g. ft_epochs) appears once, in the first method's group. Used by `python -m
-    fl_core` and by every study (which `skip` the knobs they define as swept axes)."""
+    fl_core` and by every study (which `skip` the knobs they define as swept axes). `only_given`:
+    common flags too are passed on only when given (a study file holds the defaults, shown in
+    `defaults`); `wrap_type`: see `add_knob_arguments`."""
     common = parser.add_argument_group("run (common knobs)")
-    add_knob_arguments(common, RunConfig, skip=skip, many=many, defaults=defaults)
+    add_knob_arguments(common, RunConfig, skip=skip, many=many, defaults=defaults, suppress_defaults=only_given,
+                       wrap_type=wrap_type)
     seen = set(skip)
     owners = knob_owners()
     for algorithm in ALGORITHMS:
@@ -226,7 +229,7 @@ def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ..
         title = f"{algorithm} knobs" + (f" (also used by {', '.join(shared)})" if shared else "")
         group = parser.add_argument_group(title)
         add_knob_arguments(group, cls, skip=tuple(n for n in (f.name for f in knob_fields(cls)) if n not in names),
-                           suppress_defaults=True, many=many)
+                           suppress_defaults=True, many=many, defaults=defaults, wrap_type=wrap_type)
         seen.update(names)
 
 

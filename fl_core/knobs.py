@@ -155,13 +155,15 @@ def _parse_bool(text: str) -> bool:
 
 
 def add_knob_arguments(group, cls, *, skip: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
-                       suppress_defaults: bool = False, many: tuple[str, ...] = ()) -> list[str]:
+                       suppress_defaults: bool = False, many: tuple[str, ...] = (),
+                       wrap_type: Any = None) -> list[str]:
     """Add one flag per knob of dataclass `cls` to an argparse parser or group.
 
     Flags are the knob names with dashes; help shows the allowed values and the default.
     `suppress_defaults=True` leaves a flag out of the parsed namespace unless it is given (method
     knobs: only given values are passed on, so a run's other-method knobs never appear).
-    Knobs named in `many` take one or more values (a study's swept axes). Returns the knob names added.
+    Knobs named in `many` take one or more values (a study's swept axes). `wrap_type(parse, kind)`
+    may replace a flag's value parser (a study accepts search ranges). Returns the knob names added.
     """
     added = []
     defaults = defaults or {}
@@ -186,6 +188,8 @@ def add_knob_arguments(group, cls, *, skip: tuple[str, ...] = (), defaults: dict
         else:
             parse = _parse_bool if kind is bool else kind
             kwargs["type"] = _parse_optional(parse) if nullable else parse
+            if wrap_type is not None:
+                kwargs["type"] = wrap_type(kwargs["type"], kind)
             if f.name in many:
                 kwargs["nargs"] = "+"
                 if not suppress_defaults:

@@ -1,6 +1,6 @@
 """FedSelect ablation study (the paper's Table 3): GradSelect against personalizing the least
 changed entries, random entries, and one whole block (A-D) — x datasets x partitions x seeds.
-Same flags, resources, sinks and resume as fedselect_grid.py.
+The study is the file studies/ablation.toml; this script runs it with two flags of its own.
 
     python sweeps/ablation.py                           # digits; 2 shards per client and Dir(0.1)
     python sweeps/ablation.py --variants gradselect random --seeds 0 1 2
@@ -9,45 +9,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.algorithms.fedselect import BLOCKS, VARIANTS, FedSelectParams  # noqa: E402
-from sweeps.study import Study, add_axis, run_study, trial_grid  # noqa: E402
-
-AXES = ("fedselect_variant", "layer_block")
+from fl_core.algorithms.fedselect import BLOCKS, VARIANTS  # noqa: E402
+from sweeps.spec import STUDIES, Method, StudySpec  # noqa: E402
+from sweeps.study import Study, run_study  # noqa: E402
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    axes = parser.add_argument_group("ablations (FedSelect's p and α: --pers-rate, --pers-limit below)")
-    add_axis(axes, "--variants", "fedselect_variant", str, VARIANTS, owner=FedSelectParams, dest="variants")
-    add_axis(axes, "--blocks", "layer_block", str, BLOCKS, owner=FedSelectParams, dest="blocks",
-             help="blocks for the layer variant (A-D, see fl_core/models.py)")
+    group = parser.add_argument_group("ablations (FedSelect's p and α: --pers-rate, --pers-limit below)")
+    group.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
+                       help=f"FedSelect variants to run (default: {' '.join(VARIANTS)})")
+    group.add_argument("--blocks", nargs="+", choices=BLOCKS, default=None,
+                       help=f"blocks for the layer variant (A-D, see fl_core/models.py) (default: {' '.join(BLOCKS)})")
 
 
-def grid(args: argparse.Namespace) -> list[dict]:
-    variants = []
-    for variant in args.variants:
-        if variant == "layer":  # layer_block only matters for `layer`; the others keep its default
-            variants += [{"algorithm": "fedselect", "fedselect_variant": variant, "layer_block": b} for b in args.blocks]
-        else:
-            variants.append({"algorithm": "fedselect", "fedselect_variant": variant})
-    return trial_grid(args, variants, AXES)
+def customize(spec: StudySpec, args: argparse.Namespace) -> StudySpec:
+    """--variants / --blocks: one method entry for the variants other than `layer`, one for
+    `layer` over its blocks (layer_block only matters there)."""
+    if args.variants is None and args.blocks is None:
+        return spec
+    variants = args.variants or list(VARIANTS)
+    methods = [m for m in spec.methods if m.algorithm != "fedselect"]
+    plain = [v for v in variants if v != "layer"]
+    if plain:
+        methods.append(Method("fedselect", {"fedselect_variant": plain}))
+    if "layer" in variants:
+        methods.append(Method("fedselect", {"fedselect_variant": "layer", "layer_block": args.blocks or list(BLOCKS)}))
+    return replace(spec, methods=tuple(methods))
 
 
-STUDY = Study(
-    name="ablation",
-    description=__doc__.split("\n\n")[0],
-    add_arguments=add_arguments,
-    grid=grid,
-    columns={"fedselect_variant": "variant", "layer_block": "block", "dataset": "data", "partition": "split",
-             "dir_alpha": "Dir α"},
-    axes=AXES,
-    # 5 local epochs (ours), as in the baselines study, so that Tables 1 and 3 share one setting.
-    defaults={"partition": ["shards", "dirichlet"], "dir_alpha": [0.1], "local_epochs": [5]},
-)
+STUDY = Study(STUDIES / "ablation.toml", "sweeps/ablation.py", add_arguments, customize)
 
 if __name__ == "__main__":
     sys.exit(run_study(STUDY))

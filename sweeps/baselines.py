@@ -1,6 +1,6 @@
 """Baselines study (the FedSelect paper's Table 1): every method x datasets x partitions x seeds.
-Each federated run is one Ray Tune trial; same flags, resources, sinks and resume as
-fedselect_grid.py.
+The study is the file studies/baselines.toml; this script runs it with flags over it (same flags,
+resources, sinks and resume as every study; `python sweeps/run.py studies/baselines.toml` is the same).
 
     python sweeps/baselines.py                          # digits; 2 shards per client and Dir(0.1)
     python sweeps/baselines.py --dataset digits mnist --data-root ../shared/data --seeds 0 1 2
@@ -8,38 +8,16 @@ fedselect_grid.py.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.algorithms import ALGORITHMS  # noqa: E402
-from sweeps.study import Study, run_study, trial_grid  # noqa: E402
+from sweeps.spec import STUDIES  # noqa: E402
+from sweeps.study import Study, run_study  # noqa: E402
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    methods = parser.add_argument_group("methods")
-    methods.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), metavar="ALGORITHM",
-                         help=f"methods to compare, each with its own knobs (the method flags below; FedSelect: "
-                              f"p = 0.25, α = 0.8 by default) (default: all: {' '.join(ALGORITHMS)})")
-
-
-def grid(args: argparse.Namespace) -> list[dict]:
-    return trial_grid(args, [{"algorithm": a} for a in args.algorithms])
-
-
-STUDY = Study(
-    name="baselines",
-    description=__doc__.split("\n\n")[0],
-    add_arguments=add_arguments,
-    grid=grid,
-    columns={"algorithm": "algo", "dataset": "data", "partition": "split", "dir_alpha": "Dir α"},
-    # 5 local epochs (ours): with 1, several baselines (FedPer, FedBABU, LotteryFL) are still far
-    # from converged after 20 rounds on digits, and the table would compare convergence speed.
-    defaults={"partition": ["shards", "dirichlet"], "dir_alpha": [0.1], "local_epochs": [5]},
-)
+STUDY = Study(STUDIES / "baselines.toml", "sweeps/baselines.py")
 
 if __name__ == "__main__":
     sys.exit(run_study(STUDY))

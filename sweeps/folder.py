@@ -13,11 +13,12 @@ from pathlib import Path
 
 from .errors import SweepError
 
-# Flags that may change when a sweep is resumed (where and how it runs, not what it computes).
 # sweep.json format: 2 = Tune configs are validated flat configs (engine v2); 3 = the results
-# semantics of fl_core.config.RESULTS_REVISION 3 (papers' Dirichlet, test sets under caps, method
-# protocols): a sweep of an older format would mix two semantics under one hash, so it is not resumed.
-SWEEP_FORMAT = 3
+# semantics of fl_core.config.RESULTS_REVISION 3; 4 = the study is a file (study.toml beside
+# sweep.json) and selection runs in stages (sweeps/stages.py). A sweep of an older format is not
+# resumed (its plan cannot be rebuilt, or would mix two semantics under one hash).
+SWEEP_FORMAT = 4
+# Flags that may change when a sweep is resumed (where and how it runs, not what it computes).
 RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures", "resume", "name", "results",
                     "max_concurrent", "verbose")
 
@@ -82,27 +83,34 @@ def latest_sweep(study: str, results: Path) -> Path:
     return found[-1]
 
 
-def save_args(folder: Path, args: argparse.Namespace, study: str | None = None) -> None:
+def save_args(folder: Path, args: argparse.Namespace, study: str | None = None, spec_text: str | None = None) -> None:
+    """sweep.json (the run flags, the study's name, the format) and, when given, study.toml (the
+    resolved study spec), each replaced atomically: a killed driver leaves the old file or the new."""
     folder.mkdir(parents=True, exist_ok=True)
+    if spec_text is not None:
+        _atomic_write(folder / "study.toml", spec_text)
     saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     recorded = {"sweep_format": SWEEP_FORMAT} | ({"study": study} if study else {})
-    tmp = folder / ".sweep.json.tmp"  # replaced atomically: a killed driver leaves the old one or the new one
-    tmp.write_text(json.dumps(saved | recorded, indent=1))
-    os.replace(tmp, folder / "sweep.json")
+    _atomic_write(folder / "sweep.json", json.dumps(saved | recorded, indent=1))
 
 
-def load_args(folder: Path, current: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
-    """The flags the sweep was started with (over the parser's `defaults`, for flags added since);
-    the RESUME_OVERRIDES come from the `current` command line."""
-    saved = vars(defaults) | json.loads((folder / "sweep.json").read_text())
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def load_args(folder: Path, current: argparse.Namespace, names: tuple[str, ...]) -> argparse.Namespace:
+    """The run flags (`names`) the sweep was started with; the RESUME_OVERRIDES come from the
+    `current` command line, and flags added since it was saved from `current` too."""
+    saved = json.loads((folder / "sweep.json").read_text())
     found = saved.pop("sweep_format", None)
     saved.pop("study", None)
-    if found != SWEEP_FORMAT:
+    if found != SWEEP_FORMAT or not (folder / "study.toml").exists():
         raise SweepError(f"--resume: {folder.name} was written by an older version (sweep format {found or 1}, now "
-                         f"{SWEEP_FORMAT}) whose results differ for the same knobs, and cannot be resumed; start it "
-                         f"again under another --name (its results stay readable by analysis)")
-    for key in RESUME_OVERRIDES:
-        saved[key] = getattr(current, key)
-    saved["results"] = Path(saved["results"])
-    saved["name"] = folder.name
-    return argparse.Namespace(**saved)
+                         f"{SWEEP_FORMAT}) and cannot be resumed; start it again under another --name (its results "
+                         f"stay readable by analysis)")
+    values = {k: saved[k] if k in saved and k not in RESUME_OVERRIDES else getattr(current, k) for k in names}
+    values["results"] = Path(values["results"])
+    values["name"] = folder.name
+    return argparse.Namespace(**values)

@@ -23,12 +23,14 @@ from . import resources
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers
-from .plan import SweepPlan
+from .plan import SweepPlan, grid_space, progress_columns, run_config, search_space
+from .spec import to_toml
+from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
 from .trainable import run_trial
 from .trials import UNFINISHED, TrialLedger, status_counts, trials_table
 
-METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", "summary/personal_fraction_mean": "personal",
-                  "summary/mb_total": "MB"}
+METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", OBJECTIVE: "objective",
+                  "summary/personal_fraction_mean": "personal", "summary/mb_total": "MB"}
 SETTING_KNOBS = ("algorithm", "dataset", "partition", "shards_per_client", "dir_alpha")  # in `method`/`setting`
 
 
@@ -39,14 +41,10 @@ def launch(plan: SweepPlan, gpus: float | str) -> int:
             return _launch(plan, gpus, guard)
         except Interrupted as stop:  # before Tune ran, or a second signal while it ran
             with guard.hold(then_raise=False):
-                if not (plan.folder / "sweep.json").exists():
-                    save_args(plan.folder, plan.args, plan.study)  # so that the resume command finds it
-                if plan.search == "grid" or not (plan.folder / "trials.parquet").exists():
-                    trials, rows = trials_table(plan, None, interrupted=True)
-                    _summary(plan, trials, rows, time.time() - start, stop.signum)
-                else:  # a search: its trials are Tune's; trials.parquet of the last run stays
-                    print(f"\n[sweep] {plan.folder.name}: stopped by {signal_name(stop.signum)}")
-                    print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
+                if not (plan.folder / "sweep.json").exists():  # so that the resume command finds it
+                    save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
+                trials, rows = trials_table(plan, [], interrupted=True)
+                _summary(plan, trials, rows, time.time() - start, stop.signum)
             return exit_code(stop.signum)
 
 
@@ -55,12 +53,14 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
 
     # Data once per distinct data spec, on the driver (a missing file fails here, before Ray starts).
     datasets: dict[str, Any] = {}
-    for config in plan.configs:
+    for config in data_configs(plan.spec, list(plan.stages)):
         key = config.data_key()
         if key not in datasets:
             datasets[key] = load_data(config)
-    print(f"[sweep] {len(plan.configs)} {'trials' if plan.search == 'grid' else 'configurations'} over "
-          f"{len(datasets)} data setting(s)", flush=True)
+    stages = ", ".join(s.name for s in plan.stages) + (", tune-confirm" if plan.spec.selects and len(plan.spec.seeds) > 1 else "")
+    print(f"[sweep] {plan.study}: {len(plan.configs)} planned trials"
+          + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled" if plan.search == "optuna" else "")
+          + f"; {len(datasets)} client datasets (data settings x seeds); stages: {stages}", flush=True)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
     started_ray = not ray.is_initialized()
@@ -75,7 +75,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
               f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
         pause_for_tests("start")
-        save_args(plan.folder, plan.args, plan.study)
+        save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
         return _tune(plan, request, refs, guard)
     finally:
         if started_ray:
@@ -84,6 +84,8 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
 
 
 def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any], guard: Interrupts) -> int:
+    """Run the stages in order (sweeps/stages.py); after the last select stage, the confirm stage
+    of its winners. An interrupt stops after the stage it came in."""
     from ray import tune
 
     args, folder = plan.args, plan.folder
@@ -91,29 +93,24 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
         tune.with_parameters(run_trial, data_refs=refs, sweep_dir=str(folder), sweep=folder.name, resources=request,
                              checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round),
         request.as_tune())
-    tune_dir = folder / "tune"
     TrialLedger.seen = {}
-    if args.resume and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
-        print(f"[sweep] resuming {folder.name} from {tune_dir}", flush=True)
-        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
-    else:
-        fail_fast_on_servers()
-        sink = MLflowSink(tracking_uri(plan), plan.study, folder.name, folder, folder.parent / "mlartifacts",
-                          sweep_params={k: v for k, v in vars(args).items() if k not in ("resume",)})
-        tuner = tune.Tuner(trainable, param_space=plan.param_space, tune_config=_tune_config(args),
-                           run_config=tune.RunConfig(
-                               name="tune", storage_path=str(folder),
-                               failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                               callbacks=[sink, TrialLedger()], verbose=args.verbose,
-                               progress_reporter=tune.CLIReporter(
-                                   parameter_columns=plan.columns, metric_columns=METRIC_COLUMNS,
-                                   max_report_frequency=10, max_column_length=12, sort_by_metric=False)))
-    start = time.time()
-    with guard.tune():
-        grid = tuner.fit()
-    elapsed, stopped = time.time() - start, guard.signum
+    stages, ran = list(plan.stages), []
+    start, stopped = time.time(), None
+    while len(ran) < len(stages):
+        stage = stages[len(ran)]
+        tuner = _tuner(plan, stage, trainable)
+        with guard.tune():
+            ran.append((stage, tuner.fit()))
+        stopped = guard.signum
+        if stopped is not None:
+            break
+        if len(ran) == len(stages) and plan.spec.selects and stage.kind != "confirm":
+            confirm = confirm_stage(plan.spec, list(winners(ran).values()))
+            if confirm is not None:
+                stages.append(confirm)
+    elapsed = time.time() - start
     with guard.hold(then_raise=False):  # the results are written whatever comes now
-        trials, rows = trials_table(plan, grid, interrupted=stopped is not None)
+        trials, rows = trials_table(plan, ran, interrupted=stopped is not None, selected=set(winners(ran)))
         _summary(plan, trials, rows, elapsed, stopped)
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
@@ -133,22 +130,68 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     return 0 if (trials.status == "COMPLETED").all() else 1
 
 
-def _tune_config(args):
+def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
+    """config hash -> RunConfig of each finished select stage's best completed trial."""
+    out = {}
+    for stage, grid in ran:
+        if stage.kind == "select":
+            best = best_completed([(run_config(r.config), r.metrics or {}) for r in grid if r.config])
+            if best is not None:
+                out[best.config_hash()] = best
+    return out
+
+
+def _tuner(plan: SweepPlan, stage: Stage, trainable):
+    """A new Tune experiment for the stage, or the one in its folder (a resumed sweep)."""
+    from ray import tune
+
+    folder, args = plan.folder, plan.args
+    tune_dir = folder / stage.name
+    if tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
+        print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
+        return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
+    print(f"[sweep] stage {stage.name}" + (f" [{stage.group}]" if stage.group else "") + ": "
+          + (f"Optuna, {plan.spec.num_samples} configurations" if stage.searched else f"{len(stage.configs)} trials")
+          + (", ASHA" if stage.kind == "select" and plan.spec.scheduler == "asha" else ""), flush=True)
+    fail_fast_on_servers()
+    configs = [c for _, c in stage.configs]
+    columns = progress_columns(configs, plan.named)
+    if stage.searched:
+        space, shown = search_space(configs[0], stage.domains, columns)
+    else:
+        space, shown = grid_space(stage.configs, columns)
+    sweep_params = {k: v for k, v in vars(args).items() if k != "resume"} | {
+        "study_file": plan.spec.source, "search": plan.spec.search, "scheduler": plan.spec.scheduler,
+        "seeds": list(plan.spec.seeds)}
+    sink = MLflowSink(tracking_uri(plan), plan.study, folder.name, folder, folder.parent / "mlartifacts",
+                      sweep_params=sweep_params)
+    return tune.Tuner(trainable, param_space=space, tune_config=_tune_config(plan, stage),
+                      run_config=tune.RunConfig(
+                          name=stage.name, storage_path=str(folder),
+                          failure_config=tune.FailureConfig(max_failures=args.max_failures),
+                          callbacks=[sink, TrialLedger()], verbose=args.verbose,
+                          progress_reporter=tune.CLIReporter(
+                              parameter_columns=shown, metric_columns=METRIC_COLUMNS,
+                              max_report_frequency=10, max_column_length=12, sort_by_metric=False)))
+
+
+def _tune_config(plan: SweepPlan, stage: Stage):
     from ray import tune
 
     # reuse_actors: a fresh trial process spends ~4.5 s importing torch and Ray Tune; reusing the
     # process of a finished trial (same resources) makes later trials start in a fraction of that.
-    kwargs: dict[str, Any] = {"metric": "acc_mean", "mode": "max", "reuse_actors": True}
-    if args.max_concurrent:
-        kwargs["max_concurrent_trials"] = args.max_concurrent
-    if args.search == "optuna":
+    kwargs: dict[str, Any] = {"metric": OBJECTIVE, "mode": "max", "reuse_actors": True}
+    if plan.args.max_concurrent:
+        kwargs["max_concurrent_trials"] = plan.args.max_concurrent
+    if stage.searched:
         from ray.tune.search.optuna import OptunaSearch
-        kwargs["search_alg"] = OptunaSearch(seed=args.seeds[0])
-        kwargs["num_samples"] = args.num_samples
-    if args.scheduler == "asha":
+        kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0])
+        kwargs["num_samples"] = plan.spec.num_samples
+    if stage.kind == "select" and plan.spec.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
-        kwargs["scheduler"] = ASHAScheduler(time_attr="round", max_t=args.rounds,
-                                            grace_period=max(1, args.rounds // 4), reduction_factor=2)
+        rounds = max(c.rounds for _, c in stage.configs)
+        kwargs["scheduler"] = ASHAScheduler(time_attr="round", max_t=rounds, grace_period=max(1, rounds // 4),
+                                            reduction_factor=2)
     return tune.TuneConfig(**kwargs)
 
 
@@ -157,8 +200,7 @@ def tracking_uri(plan: SweepPlan) -> str:
 
 
 def resume_command(plan: SweepPlan) -> str:
-    return (f"python sweeps/{plan.study}.py --resume {shlex.quote(plan.folder.name)} "
-            f"--results {shlex.quote(str(plan.args.results))}")
+    return f"{plan.command} --resume {shlex.quote(plan.folder.name)} --results {shlex.quote(str(plan.args.results))}"
 
 
 def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, stopped_by: int | None = None) -> None:
@@ -167,11 +209,22 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     how = f"stopped by {signal_name(stopped_by)} after" if stopped_by is not None else "in"
     print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
           f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
+    if "stage" in done and plan.spec.selects:  # the select stages' losers are not results
+        done = done[(done["stage"] != "select") | done.get("selected", False).fillna(False).astype(bool)]
     if not done.empty:
         knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
-        print("[sweep] each method's best configuration per data setting (final mean personalized accuracy over "
-              "clients, mean ± std over seeds; completed trials only):")
-        print(best_per_setting(done, knobs).to_string(index=False, na_rep="-"))
+        by = "acc_val_mean" if "acc_val_mean" in done and done["acc_val_mean"].notna().all() else "acc_mean"
+        if plan.spec.selects:
+            how = (f"configuration selected on seed {plan.spec.seeds[0]}'s validation accuracy, confirmed on "
+                   f"every seed")
+        elif by == "acc_val_mean":
+            how = "best configuration by validation accuracy (mean over seeds)"
+        else:
+            how = ("best configuration by final test accuracy (no validation split: optimistic against methods "
+                   "with fewer configurations)")
+        print(f"[sweep] per data setting, each method's {how}; final mean personalized test accuracy over clients, "
+              f"mean ± std over seeds; completed trials only:")
+        print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
     print(f"[sweep] MLflow:  {mlflow_command()} ui --backend-store-uri {tracking_uri(plan)}")
@@ -186,17 +239,19 @@ def mlflow_command() -> str:
     return str(beside) if beside.exists() else "mlflow"
 
 
-def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
+def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str = "acc_mean") -> pd.DataFrame:
     """Per data setting (and local epochs where they vary), each method's best configuration of
-    the swept knobs by final accuracy averaged over its seeds, best first: a configuration is
-    ranked only against others on the same data, never by one lucky seed, and the anchors stand
-    beside the tuned method."""
+    the swept knobs by `by` (validation accuracy where there is a split) averaged over its seeds,
+    with its final test accuracy (mean ± std over seeds), best first: a configuration is ranked
+    only against others on the same data, never by one lucky seed, and the anchors stand beside
+    the tuned method."""
     cell = ["setting"] + (["local_epochs"] if "local_epochs" in done and done["local_epochs"].nunique() > 1 else [])
     keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
     grouped = done.groupby(keys, dropna=False, sort=False)
     stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
     stats["mb"] = grouped["mb_total"].mean().to_numpy()
-    stats = stats.sort_values("mean", ascending=False, kind="stable").groupby([*cell, "method"], sort=False).head(1)
+    stats["rank_by"] = grouped[by].mean().to_numpy()
+    stats = stats.sort_values("rank_by", ascending=False, kind="stable").groupby([*cell, "method"], sort=False).head(1)
     stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
     stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]

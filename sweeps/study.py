@@ -1,97 +1,120 @@
-"""The sweep machinery every study script shares: flags, trials, validation. A study script only
-says which trials it wants (`Study`); `run_study` does the rest.
+"""Running a study file: its command line, its trials, validation. A study is a TOML file
+(sweeps/spec.py, the project's in studies/); `python sweeps/run.py STUDY.toml [flags]` runs any
+of them, and the study scripts (fedselect_grid.py, baselines.py, ablation.py) are thin wrappers
+over their files that keep a few flags of their own (`Study.add_arguments` / `customize`).
 
-Flags. The run knobs are generated from their declarations (`fl_core.config.add_run_arguments`:
-help, allowed values, default), so every knob of fl_core is reachable from every study, except
-  - the swept axes, which take lists: --dataset, --partition, --dir-alpha, --local-epochs,
-    --seeds, and the study's own axes (`Study.axes`, e.g. FedSelect's p and α in the grid);
-  - --algorithm (the study says which methods run), --device and --threads (a trial's resources,
-    --cpus-per-trial and --gpus-per-trial, decide them).
-A method knob (e.g. --ft-epochs) applies to the trials of the methods that own it only; giving
-one that no trial of the sweep can use is an error.
+Flags over the file. Every knob of fl_core is a flag, generated from its declaration (help,
+allowed values), showing the file's value as its default, except --algorithm (the methods are
+the file's `[[methods]]`, or --algorithms / --anchors), --device and --threads (a trial's
+resources decide them). A flag replaces the knob's value in the file, in [knobs] and in every
+method entry that sets it. Each knob flag takes one or more values (several: an axis) or, for
+a numeric knob under --search optuna, a range LOW:HIGH (LOW:HIGH:log for log-uniform). A method
+knob applies to the trials of the methods that own it; giving one that no trial of the study can
+use is an error.
 
 Order of work in `run_study`, so that bad input fails before anything expensive:
-  1. parse flags (or reload them from the sweep folder on --resume);
+  1. parse flags and read the study file (or, on --resume, the sweep's saved study.toml);
   2. build every trial's RunConfig: a bad value is one ConfigError naming it (exit 2);
-  3. hand the validated configs to `sweeps.launch` (data loaded once per data setting, Ray,
-     Tune, sinks, trials table, summary, tables and figures).
+  3. --dry-run prints the trials and stops; else hand the plan to `sweeps.launch` (data loaded
+     once per data setting, Ray, Tune stage by stage, sinks, trials table, summary, tables).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_core.config import (COMMON_KNOBS, DIRICHLET_PARTITIONS, ConfigError, RunConfig, add_run_arguments, knob_owners,
-                            split_run_arguments)
+from fl_core.config import ConfigError, RunConfig, add_run_arguments
 from fl_core.data import DataError
-from fl_core.knobs import knob_fields
 
 from .errors import SweepError
 from .folder import load_args, sweep_folder
-from .plan import SweepPlan, grid_space, search_space
+from .plan import SweepPlan, varying_knobs
+from .spec import (SCHEDULERS, SEARCHES, Range, StudySpec, load_spec, resolved, with_overrides)
+from .stages import plan_stages
 
-# Knobs every study sweeps as lists (flags of their own), and knobs no study takes as flags.
-LIST_AXES = ("dataset", "partition", "dir_alpha", "local_epochs", "seed")
-NOT_FLAGS = ("algorithm", "device", "threads")
-# Three seeds by default: on digits/MNIST the spread over seeds (about 0.1 for a single run) is
-# larger than most gaps between methods, so a one-seed table would rank noise.
-DEFAULT_SEEDS = [0, 1, 2]
+NOT_FLAGS = ("algorithm", "device", "threads", "seed")   # seeds: --seeds
+RUNTIME = ("results", "name", "tracking_uri", "resume", "checkpoint_every", "verbose", "cpus_per_trial",
+           "gpus_per_trial", "address", "max_concurrent", "max_failures", "inject_crash_at_round")
 
 
 @dataclass(frozen=True)
 class Study:
-    """What a study script contributes: its name, its own flags and axes, and its trials."""
+    """A study file and how it is started: `script` (e.g. `sweeps/fedselect_grid.py`, or
+    `sweeps/run.py studies/x.toml`), optional flags of its own and how they change the spec."""
 
-    name: str                                                  # MLflow experiment, sweep-name prefix
-    description: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]   # the study's own flags
-    grid: Callable[[argparse.Namespace], list[dict]]           # trials as flat RunConfig keywords
-    columns: dict[str, str]                                    # progress table: knob -> column title
-    axes: tuple[str, ...] = ()                                 # knobs the study sweeps with its own flags
-    # --search optuna: (args, validated grid configs) -> (base config, {knob: Tune domain}); None: grid only
-    search: Callable[[argparse.Namespace, list[RunConfig]], tuple[RunConfig, dict]] | None = None
-    defaults: dict[str, Any] = field(default_factory=dict)     # the study's defaults for shared flags
+    spec: Path
+    script: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    customize: Callable[[StudySpec, argparse.Namespace], StudySpec] | None = None
+
+    @property
+    def name(self) -> str:
+        return load_spec(self.spec).name
+
+
+def study_of_file(path: str | Path) -> Study:
+    return Study(Path(path), f"sweeps/run.py {path}")
 
 
 # ====================================================================== flags
-def knob_help(name: str, owner=RunConfig) -> str:
-    """The declared help of a knob (common, or of the method parameter class `owner`)."""
-    return {f.name: f.metadata["help"] for f in knob_fields(owner)}[name]
-
-
 def _shown(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else "none" if value is None else str(value)
 
 
-def add_axis(group, flag: str, knob: str, kind: type, default: list, owner=RunConfig, **kwargs) -> None:
-    """A swept axis: a flag taking one or more values of a knob, with the knob's declared help."""
-    help_text = kwargs.pop("help", None) or knob_help(knob, owner)
-    group.add_argument(flag, type=kind, nargs="+", default=list(default), dest=kwargs.pop("dest", None) or knob,
-                       help=f"{help_text}; one or more (default: {_shown(default)})".replace("%", "%%"), **kwargs)
+def spec_defaults(spec: StudySpec) -> dict[str, str]:
+    """What each knob flag shows as its default: the file's value (per method entry where they differ)."""
+    shown = {k: _shown(v) for k, v in resolved(spec).knobs.items()}
+    for method in spec.methods:
+        for knob, value in method.knobs.items():
+            text = f"{method.algorithm}: {_shown(value)}"
+            shown[knob] = text if knob not in shown or shown[knob] == text else f"{shown[knob]}; {text}"
+    return shown
+
+
+def range_or_value(parse, kind):
+    """A knob flag's value: the knob's own type, or LOW:HIGH[:log] for a number (a search range)."""
+    def value(text: str):
+        parts = text.split(":")
+        if kind in (int, float) and len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "log"):
+            try:
+                low, high = float(parts[0]), float(parts[1])
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a range LOW:HIGH[:log]") from None
+            if not low < high:
+                raise argparse.ArgumentTypeError(f"range {text!r}: LOW must be below HIGH")
+            return Range(low, high, len(parts) == 3)
+        return parse(text)
+    value.__name__ = getattr(parse, "__name__", "value")
+    return value
 
 
 def build_parser(study: Study) -> argparse.ArgumentParser:
+    spec = load_spec(study.spec)
     parser = argparse.ArgumentParser(
-        prog=f"python sweeps/{study.name}.py", description=study.description,
-        epilog="Lists are crossed: datasets x partitions x Dir α (Dirichlet partitions only) x local epochs x seeds x the "
-               "study's own axes. A method knob applies to that method's trials only.")
-    study.add_arguments(parser)
-    axes = parser.add_argument_group("data axes (lists, crossed)")
-    defaults = RunConfig()
-    preset = study.defaults
-    add_axis(axes, "--dataset", "dataset", str, preset.get("dataset", [defaults.dataset]))
-    add_axis(axes, "--partition", "partition", str, preset.get("partition", ["dirichlet"]))
-    add_axis(axes, "--dir-alpha", "dir_alpha", float, preset.get("dir_alpha", [0.1, 0.5]),
-             help=knob_help("dir_alpha") + " (varied for the dirichlet and dirichlet_class partitions only)")
-    add_axis(axes, "--local-epochs", "local_epochs", int, preset.get("local_epochs", [1]))
-    add_axis(axes, "--seeds", "seed", int, preset.get("seed", DEFAULT_SEEDS), dest="seeds",
-             help=knob_help("seed") + "; one trial per seed and configuration; tables report mean ± std over seeds")
-    scalar_defaults = {k: v for k, v in preset.items() if k not in LIST_AXES}
-    add_run_arguments(parser, skip=(*LIST_AXES, *NOT_FLAGS, *study.axes), defaults=scalar_defaults)
+        prog=f"python {study.script}", description=spec.description,
+        epilog=f"The study file is {study.spec}; flags override it. Lists are crossed: data settings x the "
+               "common axes x seeds x each method's own axes. A method knob applies to that method's trials only. "
+               "With --search optuna or --scheduler asha each (data setting, method) is selected on its own, on "
+               "the first seed, by validation accuracy (--val-fraction), and the best re-run on every seed.")
+    if study.add_arguments:
+        study.add_arguments(parser)
+    methods = parser.add_argument_group("methods and seeds")
+    methods.add_argument("--algorithms", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
+                         help="the compared (searched) methods, each with its knobs from the file where it has an "
+                              "entry (default: " + _shown([m.algorithm for m in spec.methods if not m.anchor]) + ")")
+    methods.add_argument("--anchors", nargs="*", default=argparse.SUPPRESS, metavar="ALGORITHM",
+                         help="methods run as anchors on every data setting, epochs value and seed, to completion, "
+                              "outside any search or scheduler; none: --anchors (default: "
+                              + (_shown([m.algorithm for m in spec.methods if m.anchor]) or "none") + ")")
+    methods.add_argument("--seeds", type=int, nargs="+", default=argparse.SUPPRESS,
+                         help="one trial per seed and configuration; tables report mean ± std over seeds "
+                              f"(default: {_shown(list(spec.seeds))})")
+    add_run_arguments(parser, skip=NOT_FLAGS, many=_all_knobs(), defaults=spec_defaults(spec), only_given=True,
+                      wrap_type=range_or_value)
 
     out = parser.add_argument_group("results")
     out.add_argument("--results", type=Path, default=Path("results"), help="results folder (all sweeps) (default: results)")
@@ -101,8 +124,10 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                      help="MLflow tracking URI (default: sqlite store <results>/mlflow.db)")
     out.add_argument("--resume", nargs="?", const=True, default=False, metavar="NAME",
                      help="continue an interrupted sweep: the one named NAME (or --name), else the latest sweep "
-                          "of this study under --results, whatever its name; its saved flags are used "
+                          "of this study under --results, whatever its name; its saved study.toml is used "
                           "(default: start a new sweep)")
+    out.add_argument("--dry-run", action="store_true",
+                     help="print the trials (count, axes, data settings, stages) and exit (default: off)")
     out.add_argument("--checkpoint-every", type=int, default=1,
                      help="checkpoint the simulation every k rounds (default: 1)")
     out.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Tune verbosity (default: 1)")
@@ -118,72 +143,48 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     run.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once (default: none)")
     run.add_argument("--max-failures", type=int, default=2,
                      help="retries of a crashed trial, from its checkpoint (default: 2)")
-    run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="(default: grid)")
-    run.add_argument("--num-samples", type=int, default=16, help="trials for --search optuna (default: 16)")
-    run.add_argument("--scheduler", choices=("fifo", "asha"), default="fifo",
-                     help="asha stops poor trials early, on acc_mean per round (default: fifo)")
+    run.add_argument("--search", choices=SEARCHES, default=argparse.SUPPRESS,
+                     help=f"grid: every listed configuration; optuna: Optuna (TPE) per data setting and method over "
+                          f"the knobs given as lists (choices) or ranges LOW:HIGH (default: {spec.search})")
+    run.add_argument("--num-samples", type=int, default=argparse.SUPPRESS,
+                     help=f"--search optuna: configurations per data setting and method (default: {spec.num_samples})")
+    run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
+                     help=f"asha: stop poor configurations early, per data setting and method, on validation "
+                          f"accuracy (default: {spec.scheduler})")
     run.add_argument("--inject-crash-at-round", type=int, default=None, help=argparse.SUPPRESS)  # test hook
     return parser
 
 
-# ====================================================================== trials
-def common_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The common knobs shared by every trial of a sweep (the list axes excluded)."""
-    common, _ = split_run_arguments(vars(args))
-    return {k: v for k, v in common.items() if k not in LIST_AXES and k not in NOT_FLAGS}
+def _all_knobs() -> tuple[str, ...]:
+    from fl_core.config import COMMON_KNOBS, knob_owners
+    return (*COMMON_KNOBS, *knob_owners())
 
 
-def method_knobs(args: argparse.Namespace, axes: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The method knobs given on the command line (a study's own `axes` excluded)."""
-    _, method = split_run_arguments(vars(args))
-    return {k: v for k, v in method.items() if k not in axes}
+def given_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    from fl_core.config import COMMON_KNOBS, knob_owners
+    return {k: v for k, v in vars(args).items() if k in COMMON_KNOBS or k in knob_owners()}
 
 
-def data_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (dataset, partition, Dir α) setting of a sweep. Dir α only varies for the Dirichlet
-    partitions; other partitions get RunConfig's default, so they are not repeated per Dir α."""
-    settings = []
-    for dataset in args.dataset:
-        for partition in args.partition:
-            alphas = args.dir_alpha if partition in DIRICHLET_PARTITIONS else [RunConfig().dir_alpha]
-            settings += [{"dataset": dataset, "partition": partition, "dir_alpha": a} for a in alphas]
-    return settings
-
-
-def trial_grid(args: argparse.Namespace, variants: list[dict[str, Any]], axes: tuple[str, ...] = ()) -> list[dict]:
-    """The product of data settings x local epochs x seeds x the study's `variants` (each names
-    its algorithm; `axes`: the method knobs the study sweeps itself). The method knobs given on
-    the command line are added to the variants of the methods that own them."""
-    owners = knob_owners()
-    given = method_knobs(args, axes)
-    unused = [k for k in given if not any(v["algorithm"] in owners[k] for v in variants)]
-    if unused:
-        name = unused[0]
-        raise SweepError(f"--{name.replace('_', '-')} is a knob of {' and '.join(owners[name])}, but this sweep "
-                         f"runs no trial of {' or '.join(owners[name])}")
-    base = common_config(args)
-    own = [{k: v for k, v in given.items() if variant["algorithm"] in owners[k]} | variant for variant in variants]
-    return [base | setting | {"local_epochs": e, "seed": s} | variant
-            for setting in data_settings(args) for e in args.local_epochs for s in args.seeds for variant in own]
-
-
-def validate_trials(trials: list[dict]) -> list[RunConfig]:
-    """Every trial's RunConfig, or one error naming the first bad value."""
-    if not trials:
-        raise SweepError("the sweep has no trials; give at least one value per axis")
-    configs = [RunConfig.from_dict(t) for t in trials]
-    hashes = [c.config_hash() for c in configs]
-    if len(set(hashes)) != len(hashes):
-        raise SweepError("the grid lists the same configuration twice (repeated axis values?)")
-    return configs
+def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
+    """The study file with the command line applied."""
+    spec = load_spec(study.spec)
+    if study.customize:
+        spec = study.customize(spec, args)
+    given = vars(args)
+    return with_overrides(spec, given_knobs(args), algorithms=given.get("algorithms"), anchors=given.get("anchors"),
+                          seeds=given.get("seeds"), search=given.get("search"), scheduler=given.get("scheduler"),
+                          num_samples=given.get("num_samples"))
 
 
 # ====================================================================== the run
 def run_study(study: Study, argv: list[str] | None = None) -> int:
-    parser = build_parser(study)
-    args = parser.parse_args(argv)
     try:
-        plan, gpus = plan_sweep(study, args, parser.parse_args([]))
+        parser = build_parser(study)
+        args = parser.parse_args(argv)
+        plan, gpus = plan_sweep(study, args)
+        if args.dry_run:
+            print(describe(plan))
+            return 0
         from .launch import launch  # heavy imports (ray, mlflow) only for valid sweeps
         return launch(plan, gpus)
     except (ConfigError, DataError, SweepError) as err:
@@ -191,39 +192,80 @@ def run_study(study: Study, argv: list[str] | None = None) -> int:
         return 2
 
 
-def progress_columns(columns: dict[str, str], configs: list[RunConfig]) -> dict[str, str]:
-    """The study's progress-table columns, plus dataset, partition and seed wherever they vary
-    among the trials (crossed data settings must be told apart in the table)."""
-    shown = dict(columns)
-    for knob, title in (("dataset", "data"), ("partition", "split"), ("seed", "seed")):
-        if knob not in shown and len({getattr(c, knob) for c in configs}) > 1:
-            shown[knob] = title
-    return shown
-
-
-def plan_sweep(study: Study, args: argparse.Namespace, defaults: argparse.Namespace) -> tuple[SweepPlan, float | str]:
-    """Check the flags and build every trial's config (raises before any data, Ray or file)."""
+def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float | str]:
+    """Check the flags and the study file and build every trial's config (raises before any data,
+    Ray or file)."""
     from . import resources
+    from .spec import parse_spec
+    import tomllib
 
-    folder = sweep_folder(study.name, args)
+    name = load_spec(study.spec).name
+    folder = sweep_folder(name, args)
     if args.resume:
-        args = load_args(folder, args, defaults)
+        extra = sorted(set(given_knobs(args)) | ({"algorithms", "anchors", "seeds", "search", "scheduler",
+                                                   "num_samples"} & set(vars(args))))
+        if extra:
+            raise SweepError(f"--resume continues {folder.name} as it was planned (its study.toml); "
+                             f"--{extra[0].replace('_', '-')} cannot change it; start a new sweep instead")
+        args = load_args(folder, args, RUNTIME)
+        spec = parse_spec(tomllib.loads((folder / "study.toml").read_text()), str(folder / "study.toml"))
+    else:
+        spec = resolved(study_spec(study, args))
     gpus = resources.parse_gpus(args.gpus_per_trial)
     if args.checkpoint_every < 1:
         raise SweepError(f"--checkpoint-every {args.checkpoint_every} must be >= 1")
-    if args.search == "optuna" and study.search is None:
-        raise SweepError(f"--search optuna: the {study.name} study is a grid only; drop --search")
-    if args.search == "optuna" and args.num_samples < 1:
-        raise SweepError(f"--num-samples {args.num_samples} must be >= 1")
-    unknown = sorted(set(study.columns) - set(COMMON_KNOBS) - set(knob_owners()))
-    if unknown:
-        raise SweepError(f"study {study.name}: progress columns {', '.join(unknown)} are not knobs")
+    stages = plan_stages(spec)
+    configs = [c for stage in stages for _, c in stage.configs]
+    validate_trials(configs)
+    named = tuple(dict.fromkeys([k for m in spec.methods for k in m.knobs]
+                                + [k for stage in stages for k in stage.domains]))
+    knobs = tuple(k for k in dict.fromkeys((*named, *varying_knobs(configs))) if k != "seed")
+    runtime = argparse.Namespace(**{k: getattr(args, k) for k in RUNTIME})
+    return SweepPlan(name, f"python {study.script}", folder, runtime, spec, tuple(stages), knobs, named), gpus
 
-    configs = validate_trials(study.grid(args))
-    shown = progress_columns(study.columns, configs)
-    if args.search == "optuna":
-        base, domains = study.search(args, configs)
-        space, columns = search_space(base, domains, shown)
-    else:
-        space, columns = grid_space(configs, shown)
-    return SweepPlan(study.name, folder, args, configs, space, columns, args.search, tuple(study.columns)), gpus
+
+def validate_trials(configs: list[RunConfig]) -> list[RunConfig]:
+    """The configs, or one error: none at all, or the same configuration twice."""
+    if not configs:
+        raise SweepError("the sweep has no trials; give at least one value per axis")
+    hashes = [c.config_hash() for c in configs]
+    if len(set(hashes)) != len(hashes):
+        raise SweepError("the grid lists the same configuration twice (repeated axis values?)")
+    return configs
+
+
+def describe(plan: SweepPlan) -> str:
+    """--dry-run: the stages, axes, data settings and trials of a planned sweep."""
+    import pandas as pd
+
+    from fl_core.results import config_columns
+
+    spec = plan.spec
+    known = plan.configs
+    lines = [f"study {spec.name} ({spec.source}): search {spec.search}, scheduler {spec.scheduler}, "
+             f"seeds {_shown(list(spec.seeds))}; sweep folder {plan.folder}"]
+    settings = list(dict.fromkeys(config_columns(c)["setting"] for c in known))
+    lines.append(f"data settings ({len(settings)}): " + "; ".join(settings))
+    axes = {k: sorted({repr(c.semantic_dict()[k]) for c in known if k in c.semantic_dict()}) for k in plan.knobs}
+    lines.append("grid axes: " + ("; ".join(f"{k} {' '.join(v)}" for k, v in axes.items() if len(v) > 1) or "none"))
+    for stage in plan.stages:
+        if stage.searched:
+            space = ", ".join(f"{k} ~ {'log-uniform' if getattr(d, 'log', False) else 'uniform'}({d.low:g}, {d.high:g})"
+                              if isinstance(d, Range) else f"{k} in {_shown(d)}" for k, d in stage.domains.items())
+            lines.append(f"stage {stage.name} [{stage.group}]: Optuna, {spec.num_samples} configurations on seed "
+                         f"{spec.seeds[0]}" + (", ASHA" if spec.scheduler == "asha" else "") + f"; {space}")
+        else:
+            lines.append(f"stage {stage.name}{f' [{stage.group}]' if stage.group else ''}: {len(stage.configs)} trials"
+                         + (", ASHA" if stage.kind == "select" and spec.scheduler == "asha" else ""))
+    if spec.selects and len(spec.seeds) > 1:
+        groups = sum(1 for s in plan.stages if s.kind == "select")
+        lines.append(f"stage tune-confirm: the best configuration of each select stage on seeds "
+                     f"{_shown(list(spec.seeds[1:]))}: {groups * (len(spec.seeds) - 1)} trials")
+    total = len(known) + sum(spec.num_samples for s in plan.stages if s.searched) + (
+        sum(1 for s in plan.stages if s.kind == "select") * (len(spec.seeds) - 1) if spec.selects else 0)
+    lines.append(f"{total} trials in all")
+    rows = [{"stage": kind, **{k: c.semantic_dict().get(k, "-") for k in ("algorithm", *plan.knobs)}, "seed": c.seed}
+            for stage in plan.stages if not stage.searched for kind, c in stage.configs]
+    with pd.option_context("display.max_rows", 400, "display.width", 200):
+        lines.append(pd.DataFrame(rows).to_string(index=False))
+    return "\n".join(lines)

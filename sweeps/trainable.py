@@ -10,8 +10,12 @@ file and writes its final masks (see sweeps/parquet_sink.py). Batch orders depen
 round, client), so a resumed trial ends with exactly the metrics of an uninterrupted one.
 
 What is reported to Tune each round:
-  round, acc_mean          Tune's time attribute and objective; `acc_mean` is the last evaluated
-                           round's (rounds skipped by `eval_every` carry it over; NaN before any)
+  round                    Tune's time attribute (ASHA's rungs)
+  acc_mean                 the last evaluated round's mean test accuracy (rounds skipped by
+                           `eval_every` carry it over; NaN before any): what tables report
+  objective                what selection maximises (Tune's metric, Optuna's and ASHA's): the
+                           mean *validation* accuracy when the trial has a validation split, else
+                           acc_mean (sweeps.stages.objective_of), carried over the same way
   summary                  the full `summarize_round` dict of this round (NaN where not measured)
   done                     the trial has run all its rounds
   provenance               where this process picked the run up and what it was given (PROVENANCE)
@@ -43,6 +47,7 @@ from fl_core.simulation import Simulation
 from . import parquet_sink
 from .plan import run_config
 from .resources import TrialResources
+from .stages import OBJECTIVE, objective_of
 
 PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "threads", "config_hash",
               "data_from_driver", "reported_at", "node_id")
@@ -67,7 +72,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     saved = state_path(folder, key)
     context = {"sweep": sweep, "trial_id": tune.get_context().get_trial_id()}
 
-    progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "last_report": None}
+    progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "selection": math.nan, "last_report": None}
     if saved.exists():
         progress = sim.restore(saved)
     else:
@@ -82,15 +87,19 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
                   "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
                   "node_id": ray.get_runtime_context().get_node_id()}  # the Ray node the trial ran on (last run)
+    selected_on = objective_of(run)
     for result in sim.run():
         rows = pd.DataFrame(round_rows(result, run, sim.model_name, **context))
         parquet_sink.write_round(folder, key, result.round, rows)
         summary = summarize_round(rows, progress["mb_total"])
-        objective = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
+        accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
+        measured = summary[selected_on]
+        selection = progress.get("selection", math.nan) if math.isnan(measured) else measured
         done = result.round == run.rounds
-        report = {"round": result.round, "acc_mean": objective, "done": done, "summary": summary,
-                  **provenance, "reported_at": time.time()}
-        progress = {"mb_total": summary["mb_total"], "objective": objective, "last_report": report}
+        report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
+                  "summary": summary, **provenance, "reported_at": time.time()}
+        progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
+                    "last_report": report}
         if result.round % checkpoint_every == 0 or done:
             sim.save(saved, **progress)
         if done:

@@ -9,6 +9,10 @@ Parquet rows) with its status, wall time and provenance. Statuses:
   NOT_STARTED   the sweep was stopped before it started (for a grid: every planned trial that
                 Tune had not even created yet is listed, from the plan)
 
+Each row also says which stage of the sweep the trial belongs to (`stage`: grid, anchor, select,
+confirm; sweeps/stages.py), the metric its stage selects on (`objective`), and for select trials
+whether it won its stage (`selected`).
+
 Where the status comes from: Tune's trial objects as they were at the last step of the tuning
 loop (`TrialLedger`, a Tune callback), because Tune marks the trials it was running TERMINATED
 when it stops them on an interrupt, like the ones a scheduler stopped. A Tune trial that never
@@ -27,6 +31,7 @@ from fl_core.results import trial_row, write_parquet
 
 from .parquet_sink import read_trial
 from .plan import SweepPlan, run_config
+from .stages import objective_of
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
               "data_from_driver", "node_id")
@@ -43,34 +48,48 @@ class TrialLedger(tune.Callback):
         TrialLedger.seen = {str(t.path): (t.status, t.config) for t in trials}
 
 
-def trials_table(plan: SweepPlan, grid=None, interrupted: bool = False) -> tuple[pd.DataFrame, int]:
+def trials_table(plan: SweepPlan, ran=(), interrupted: bool = False, selected: set[str] = frozenset()
+                 ) -> tuple[pd.DataFrame, int]:
     """Every trial's row (see the module docstring), written atomically to trials.parquet; and the
-    number of Parquet rows read (trial x round x client). `grid`: Tune's ResultGrid, or None."""
+    number of Parquet rows read (trial x round x client). `ran`: (stage, Tune ResultGrid) of each
+    stage that ran; `selected`: config hashes of the select stages' winners (column `selected`).
+    Trials known from neither Tune nor the plan (a search's samples when the sweep was stopped
+    before Tune ran again) keep their row of the previous trials.parquet."""
     rows: dict[str, dict[str, Any]] = {}
     count = 0
-    seen = TrialLedger.seen if grid is not None else {}
-    for result in grid if grid is not None else ():
-        status_then, config = seen.get(str(result.path), (None, None))
-        config = result.config or config
-        if config is None:  # never reported and unknown to the ledger: the plan lists it below
-            continue
-        run = run_config(config)
-        rounds = read_trial(plan.folder, run.config_hash())
-        metrics = result.metrics or {}
-        status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted)
-        rows[run.config_hash()] = _row(plan, run, rounds, status, metrics, result.error)
-        count += len(rounds)
-    if plan.search == "grid":  # trials Tune had not created (or no Tune at all): from the plan and the disk
-        for run in plan.configs:
-            if run.config_hash() not in rows:
-                rounds = read_trial(plan.folder, run.config_hash())
-                rows[run.config_hash()] = _row(plan, run, rounds, _disk_status(run, rounds), {}, None)
-                count += len(rounds)
-        order = dict.fromkeys(run.config_hash() for run in plan.configs) | dict.fromkeys(rows)  # plan order
-        rows = {key: rows[key] for key in order}
+    for _stage, grid in ran:
+        for result in grid:
+            status_then, config = TrialLedger.seen.get(str(result.path), (None, None))
+            config = result.config or config
+            if config is None:  # never reported and unknown to the ledger: the plan lists it below
+                continue
+            run = run_config(config)
+            rounds = read_trial(plan.folder, run.config_hash())
+            metrics = result.metrics or {}
+            status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted)
+            rows[run.config_hash()] = _row(plan, run, rounds, status, metrics, result.error, _stage_of(config))
+            count += len(rounds)
+    planned = [(kind, run) for stage in plan.stages if not stage.searched for kind, run in stage.configs]
+    for kind, run in planned:  # trials Tune had not created (or no Tune at all): from the plan and the disk
+        if run.config_hash() not in rows:
+            rounds = read_trial(plan.folder, run.config_hash())
+            rows[run.config_hash()] = _row(plan, run, rounds, _disk_status(run, rounds), {}, None, kind)
+            count += len(rounds)
+    order = dict.fromkeys(run.config_hash() for _, run in planned) | dict.fromkeys(rows)  # plan order first
+    rows = {key: rows[key] for key in order}
     trials = pd.DataFrame(list(rows.values())) if rows else pd.DataFrame({"config_hash": [], "status": []})
+    previous = plan.folder / "trials.parquet"
+    if previous.exists():
+        old = pd.read_parquet(previous)
+        trials = pd.concat([trials, old[~old["config_hash"].isin(trials["config_hash"])]], ignore_index=True)
+    if len(trials):
+        trials["selected"] = trials["config_hash"].isin(selected) & (trials["stage"] == "select")
     write_parquet(trials, plan.folder / "trials.parquet")
     return trials, count
+
+
+def _stage_of(config: dict) -> str | None:
+    return config.get("trial", config).get("stage")
 
 
 def _tune_status(metrics: dict, error, status_then: str | None, rows: int, interrupted: bool) -> str:
@@ -91,12 +110,14 @@ def _disk_status(run, rounds: pd.DataFrame) -> str:
     return "COMPLETED" if int(rounds["round"].max()) >= run.rounds else "INTERRUPTED"
 
 
-def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict, error) -> dict[str, Any]:
+def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict, error, stage: str | None
+         ) -> dict[str, Any]:
     info = {k: metrics.get(k) for k in TRIAL_INFO}
     wall = metrics.get("time_total_s")
     row = trial_row(run, rounds, sweep=plan.folder.name, trial_id=metrics.get("trial_id"), status=status,
                     wall_seconds=float(wall) if wall is not None else math.nan,
-                    error=None if error is None else str(error)[:500], **info)
+                    error=None if error is None else str(error)[:500], stage=stage or "grid",
+                    objective=objective_of(run), **info)
     return {"rounds_done": 0} | row
 
 

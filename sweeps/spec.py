@@ -1,0 +1,380 @@
+"""A study is a file: the study spec (TOML), read, checked, overridden by flags, expanded to trials.
+
+    name = "fedselect_grid"                  # MLflow experiment and sweep-name prefix
+    description = "FedSelect grid ..."
+    seeds = [0, 1, 2]                        # one trial per seed and configuration
+
+    [search]
+    kind = "grid"                            # grid | optuna (sampled configurations per data setting)
+    scheduler = "fifo"                       # fifo | asha (early stopping per data setting and method)
+    num_samples = 16                         # optuna: configurations sampled per data setting and method
+
+    [knobs]                                  # every trial; any knob of RunConfig or of a method
+    dataset = "digits"
+    dir_alpha = [0.1, 0.5]                   # a list is an axis; lists of data knobs are data settings
+    local_epochs = [1, 2]
+    lr = {low = 0.01, high = 0.3, log = true}   # a range: only for kind = "optuna"
+
+    [[methods]]                              # one entry per method (or variant): its own knobs
+    algorithm = "fedselect"
+    pers_rate = [0.1, 0.25, 0.5]
+
+    [[methods]]
+    algorithm = "fedavg"
+    anchor = true                            # a baseline: run to completion on every data setting
+                                             # and seed, outside any search or scheduler
+
+Rules. A knob in [knobs] applies to every method that has it (a common knob to all, a method
+knob to the methods that own it; one that no method of the study owns is an error); a method
+entry's own value wins. Lists are crossed. Data knobs (dataset, partition, dir_alpha, ...)
+define the data settings and may only be set in [knobs]: every method sees the same data.
+`dir_alpha` only varies for the Dirichlet partitions and `shards_per_client` only for shards
+(elsewhere they keep their defaults). `null` does not exist in TOML: write "none" for an unset
+nullable knob (e.g. samples_per_client = "none").
+
+With a search or a scheduler, selection never touches test data or crosses data settings: each
+(data setting, method) group is searched or scheduled on its own, on the first seed, by its
+validation accuracy (a validation split is required: `val_fraction`); the best configuration
+of each group is then re-run on the other seeds to the final round ("confirm"), and anchors run
+on every seed. See sweeps/stages.py.
+
+The resolved spec (every common knob explicit, flags applied) is saved as `study.toml` in the
+sweep folder; `--resume` reads it back.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fl_core.algorithms import ALGORITHMS
+from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, NON_SEMANTIC, RunConfig, knob_owners
+
+from .errors import SweepError
+
+SEARCHES = ("grid", "optuna")
+SCHEDULERS = ("fifo", "asha")
+TOP_KEYS = ("name", "description", "seeds", "search", "knobs", "methods")
+SEARCH_KEYS = ("kind", "scheduler", "num_samples")
+NOT_IN_SPEC = ("algorithm", "seed", "device", "threads")  # methods say the algorithm; `seeds` the seeds
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+
+@dataclass(frozen=True)
+class Range:
+    """A search range of a numeric knob (kind = "optuna"): uniform, or log-uniform with `log`."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.low:g}:{self.high:g}" + (":log" if self.log else "")
+
+
+@dataclass(frozen=True)
+class Method:
+    algorithm: str
+    knobs: dict[str, Any] = field(default_factory=dict)   # value, list (axis) or Range
+    anchor: bool = False
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    description: str = ""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    knobs: dict[str, Any] = field(default_factory=dict)
+    methods: tuple[Method, ...] = ()
+    search: str = "grid"
+    scheduler: str = "fifo"
+    num_samples: int = 16
+    source: str = ""                                        # where it was read from (for messages)
+
+    @property
+    def selects(self) -> bool:
+        """Whether the study has a selection stage (a search or early stopping)."""
+        return self.search != "grid" or self.scheduler != "fifo"
+
+
+# ====================================================================== reading
+def load_spec(path: str | Path) -> StudySpec:
+    path = Path(path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.name for p in STUDIES.glob("*.toml")))
+        raise SweepError(f"study file {path} does not exist (the project's studies: {known} in {STUDIES})")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SweepError(f"{path}: not valid TOML ({err})") from None
+    return parse_spec(raw, str(path))
+
+
+def parse_spec(raw: dict[str, Any], source: str = "study") -> StudySpec:
+    """A StudySpec from the TOML tables, or one SweepError naming the bad entry."""
+    _only(raw, TOP_KEYS, source)
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise SweepError(f"{source}: `name` (the study's name) is required")
+    search = raw.get("search", {})
+    _only(search, SEARCH_KEYS, f"{source} [search]")
+    knobs = {k: _value(v, f"{source} [knobs] {k}") for k, v in raw.get("knobs", {}).items()}
+    methods = []
+    for i, entry in enumerate(raw.get("methods", [])):
+        where = f"{source} [[methods]] #{i + 1}"
+        entry = dict(entry)
+        algorithm = entry.pop("algorithm", None)
+        if algorithm not in ALGORITHMS:
+            raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        anchor = entry.pop("anchor", False)
+        if not isinstance(anchor, bool):
+            raise SweepError(f"{where}: anchor={anchor!r} must be true or false")
+        methods.append(Method(algorithm, {k: _value(v, f"{where} {k}") for k, v in entry.items()}, anchor))
+    seeds = raw.get("seeds", [0, 1, 2])
+    seeds = seeds if isinstance(seeds, list) else [seeds]
+    spec = StudySpec(name=raw["name"], description=raw.get("description", ""),
+                     seeds=tuple(seeds), knobs=knobs, methods=tuple(methods),
+                     search=search.get("kind", "grid"), scheduler=search.get("scheduler", "fifo"),
+                     num_samples=search.get("num_samples", 16), source=source)
+    check_spec(spec)
+    return spec
+
+
+def _only(table: Any, allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(table, dict):
+        raise SweepError(f"{where}: expected a table")
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise SweepError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def _value(value: Any, where: str) -> Any:
+    """A knob value from TOML: scalar, list (axis) or {low, high, log} (Range); "none" is None."""
+    if isinstance(value, dict):
+        _only(value, ("low", "high", "log"), where)
+        if not all(isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) for k in ("low", "high")):
+            raise SweepError(f"{where}: a range needs numbers `low` and `high`, e.g. {{low = 0.01, high = 0.3}}")
+        if not value["low"] < value["high"]:
+            raise SweepError(f"{where}: range low={value['low']} must be below high={value['high']}")
+        return Range(float(value["low"]), float(value["high"]), bool(value.get("log", False)))
+    if isinstance(value, list):
+        if not value:
+            raise SweepError(f"{where}: an empty list; give at least one value")
+        return [_value(v, where) for v in value]
+    return None if isinstance(value, str) and value.lower() == "none" else value
+
+
+def check_spec(spec: StudySpec) -> None:
+    """Structure checks (values are checked by RunConfig when the trials are built)."""
+    where = spec.source or spec.name
+    if spec.search not in SEARCHES:
+        raise SweepError(f"{where}: search kind={spec.search!r}; choose one of {', '.join(SEARCHES)}")
+    if spec.scheduler not in SCHEDULERS:
+        raise SweepError(f"{where}: scheduler={spec.scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
+    if not isinstance(spec.num_samples, int) or spec.num_samples < 1:
+        raise SweepError(f"num_samples={spec.num_samples!r} must be an integer >= 1")
+    if not spec.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.seeds):
+        raise SweepError(f"{where}: seeds={list(spec.seeds)!r} must be one or more integers")
+    if len(set(spec.seeds)) != len(spec.seeds):
+        raise SweepError(f"{where}: seeds {list(spec.seeds)} repeat a seed")
+    if not spec.methods:
+        raise SweepError(f"{where}: no methods; add a [[methods]] entry (or give --algorithms)")
+    owners = knob_owners()
+    algorithms = {m.algorithm for m in spec.methods}
+    for name, value in spec.knobs.items():
+        if name in NOT_IN_SPEC:
+            raise SweepError(f"{where}: `{name}` cannot be a knob here ("
+                             + ("use `seeds`" if name == "seed" else "a method entry names it" if name == "algorithm"
+                                else "a trial's resources decide it") + ")")
+        if name not in COMMON_KNOBS and name not in owners:
+            raise SweepError(f"{where}: unknown knob {name!r}; see `python -m fl_core --help` for the knobs")
+        if name in owners and not algorithms & set(owners[name]):
+            raise SweepError(f"{where}: {name} is a knob of {' and '.join(owners[name])}, but this study runs no "
+                             f"trial of {' or '.join(owners[name])}")
+        _check_range(name, value, spec)
+    for method in spec.methods:
+        for name, value in method.knobs.items():
+            if name in DATA_KNOBS or name in NOT_IN_SPEC:
+                raise SweepError(f"{where}: {method.algorithm}: {name} cannot be set per method (every method sees "
+                                 f"the same data; set it in [knobs])")
+            if method.anchor and (isinstance(value, Range)):
+                raise SweepError(f"{where}: anchor {method.algorithm}: {name} is a search range; anchors are not searched")
+            _check_range(name, value, spec)
+    keys = [(m.algorithm, repr(sorted(m.knobs.items()))) for m in spec.methods]
+    if len(set(keys)) != len(keys):
+        raise SweepError(f"{where}: a method entry is listed twice")
+    if spec.search == "optuna" and not any(not m.anchor for m in spec.methods):
+        raise SweepError(f"{where}: search kind = optuna needs a method that is not an anchor to search")
+
+
+def _check_range(name: str, value: Any, spec: StudySpec) -> None:
+    ranges = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, Range)]
+    if not ranges:
+        return
+    if isinstance(value, list):
+        raise SweepError(f"{name}: a list of ranges; give one range (low:high) or a list of values")
+    if spec.search != "optuna":
+        raise SweepError(f"{name}={value}: a range needs search kind = optuna (a grid takes lists of values)")
+    if name in DATA_KNOBS:
+        raise SweepError(f"{name}={value}: data settings are never searched; give a list of values (each is a "
+                         f"data setting of its own)")
+
+
+# ====================================================================== flags over the spec
+def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[str] | None = None,
+                   anchors: list[str] | None = None, seeds: list[int] | None = None, search: str | None = None,
+                   scheduler: str | None = None, num_samples: int | None = None) -> StudySpec:
+    """The spec with command-line values: a knob given on the command line replaces its value in
+    [knobs] and in every method entry that sets it (a method knob goes to [knobs] when no entry
+    sets it); `algorithms` / `anchors` replace the searched / anchor method entries (entries of
+    the spec for the same algorithm keep their knobs)."""
+    methods = list(spec.methods)
+    if algorithms is not None:
+        methods = _replace_methods(methods, algorithms, anchor=False)
+    if anchors is not None:
+        methods = _replace_methods(methods, anchors, anchor=True)
+    top = dict(spec.knobs)
+    for name, value in knobs.items():
+        value = value[0] if isinstance(value, list) and len(value) == 1 else value
+        setting = [i for i, m in enumerate(methods) if name in m.knobs]
+        for i in setting:
+            methods[i] = replace(methods[i], knobs=methods[i].knobs | {name: value})
+        if not setting or name in top or name in COMMON_KNOBS:
+            top[name] = value
+    out = replace(spec, knobs=top, methods=tuple(methods), seeds=tuple(seeds) if seeds is not None else spec.seeds,
+                  search=search or spec.search, scheduler=scheduler or spec.scheduler,
+                  num_samples=num_samples if num_samples is not None else spec.num_samples)
+    check_spec(out)
+    return out
+
+
+def _replace_methods(methods: list[Method], names: list[str], anchor: bool) -> list[Method]:
+    bad = [n for n in names if n not in ALGORITHMS]
+    if bad:
+        raise SweepError(f"algorithm={bad[0]!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
+    kept = [m for m in methods if m.anchor != anchor]
+    mine = [m for m in methods if m.anchor == anchor]
+    chosen = []
+    for name in names:
+        chosen += [m for m in mine if m.algorithm == name] or [Method(name, {}, anchor)]
+    return (chosen + kept) if not anchor else (kept + chosen)
+
+
+# ====================================================================== trials
+def _axis(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def data_settings(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every combination of the data knobs' values, `dir_alpha` varied for Dirichlet partitions
+    only and `shards_per_client` for shards only (else their defaults), without repeats."""
+    default = RunConfig()
+    data = {k: _axis(v) for k, v in spec.knobs.items() if k in DATA_KNOBS}
+    names = list(data)
+    settings: list[dict[str, Any]] = []
+    for values in itertools.product(*data.values()):
+        setting = dict(zip(names, values))
+        partition = setting.get("partition", default.partition)
+        if "dir_alpha" in setting and partition not in DIRICHLET_PARTITIONS:
+            setting["dir_alpha"] = default.dir_alpha
+        if "shards_per_client" in setting and partition != "shards":
+            setting["shards_per_client"] = default.shards_per_client
+        if setting not in settings:
+            settings.append(setting)
+    return settings
+
+
+def method_values(spec: StudySpec, method: Method) -> dict[str, Any]:
+    """The non-data knobs of one method's trials: [knobs] entries it has, then its own."""
+    owners = knob_owners()
+    shared = {k: v for k, v in spec.knobs.items() if k not in DATA_KNOBS
+              and (k in COMMON_KNOBS or method.algorithm in owners.get(k, ()))}
+    return shared | method.knobs
+
+
+def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seeds) -> list[dict[str, Any]]:
+    """The flat configs of one method on one data setting: its axes crossed, times `seeds`
+    (ranges are left to the search: their low end stands in, see `search_domains`)."""
+    values = method_values(spec, method)
+    axes = {k: _axis(v) for k, v in values.items()}
+    trials = []
+    for combo in itertools.product(*axes.values()):
+        picked = {k: (v.low if isinstance(v, Range) else v) for k, v in zip(axes, combo)}
+        trials += [setting | picked | {"algorithm": method.algorithm, "seed": s} for s in seeds]
+    return trials
+
+
+def grid_trials(spec: StudySpec, seeds=None, anchors: bool | None = None) -> list[dict[str, Any]]:
+    """Flat configs, ordered data setting, common axes (e.g. local epochs), seed, method, the
+    method's own axes, so that the anchors of a cell run beside its other methods; `anchors`
+    True/False keeps only anchors / only the others."""
+    seeds = list(seeds if seeds is not None else spec.seeds)
+    common = {k: v for k, v in spec.knobs.items() if k in COMMON_KNOBS and k not in DATA_KNOBS and isinstance(v, list)}
+    keyed = []
+    for s, setting in enumerate(data_settings(spec)):
+        for m, method in enumerate(spec.methods):
+            if anchors is not None and method.anchor != anchors:
+                continue
+            for i, trial in enumerate(method_trials(spec, method, setting, seeds)):
+                position = tuple(_index(common[k], trial[k]) for k in common)
+                keyed.append(((s, position, seeds.index(trial["seed"]), m, i), trial))
+    return [trial for _, trial in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def _index(values: list[Any], value: Any) -> int:
+    return values.index(value) if value in values else len(values)
+
+
+def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
+    """For a searched method: knob -> Range or list of choices (its non-data axes)."""
+    return {k: v for k, v in method_values(spec, method).items() if isinstance(v, (Range, list))}
+
+
+# ====================================================================== writing
+def resolved(spec: StudySpec) -> StudySpec:
+    """The spec with every semantic common knob explicit (defaults filled in), so that a resumed
+    sweep computes the same trials whatever the code's defaults become."""
+    default = RunConfig().to_dict()
+    fixed = {k: default[k] for k in COMMON_KNOBS if k not in NOT_IN_SPEC and k not in NON_SEMANTIC}
+    return replace(spec, knobs=fixed | spec.knobs)
+
+
+def to_toml(spec: StudySpec) -> str:
+    lines = [f"# resolved study spec: {spec.source or spec.name} with the command line applied",
+             f"name = {_toml(spec.name)}", f"description = {_toml(spec.description)}",
+             f"seeds = {_toml(list(spec.seeds))}", "", "[search]", f"kind = {_toml(spec.search)}",
+             f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}", "", "[knobs]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in spec.knobs.items()]
+    for method in spec.methods:
+        lines += ["", "[[methods]]", f"algorithm = {_toml(method.algorithm)}"]
+        lines += ["anchor = true"] if method.anchor else []
+        lines += [f"{k} = {_toml(v)}" for k, v in method.knobs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    if value is None:
+        return '"none"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Range):
+        return f"{{low = {value.low!r}, high = {value.high!r}, log = {_toml(value.log)}}}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SweepError(f"{value} cannot be written to a study file")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def save_spec(folder: Path, spec: StudySpec) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path, tmp = folder / "study.toml", folder / ".study.toml.tmp"
+    tmp.write_text(to_toml(spec))
+    os.replace(tmp, path)
+    return path
