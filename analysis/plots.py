@@ -67,11 +67,15 @@ def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
 
 
+def config_knobs(columns) -> list[str]:
+    """The columns among `columns` that are knobs of a run (common or a method's) and change its
+    results, but the seed."""
+    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC and c != "seed"]
+
+
 def config_keys(trials: pd.DataFrame) -> pd.Series:
     """A key per trial shared by the seeds of one configuration: its knob values but the seed."""
-    knobs = [c for c in trials.columns
-             if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC and c != "seed"]
-    return trials[knobs].astype(object).map(str).agg("|".join, axis=1)
+    return trials[config_knobs(trials.columns)].astype(object).map(str).agg("|".join, axis=1)
 
 
 def best_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -250,8 +254,12 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     """Write every figure the results support under `out` (default: `<first path>/figures`)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     out = Path(out) if out is not None else Path(paths[0]) / "figures"
+    from analysis.search import final_rows, plot_search, selection_rows
+
     sweeps = find_sweeps(paths)
-    trials = load_trials(sweeps)
+    searched = load_trials(sweeps)
+    selecting = not selection_rows(searched).empty
+    trials = final_rows(searched)  # a selection stage's trials are shown by plot_search alone
     written: list[Path] = []
 
     shown = best_trials(trials)["config_hash"] if not trials.empty and "acc_mean" in trials else []
@@ -269,6 +277,9 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     else:
         written += plot_mask_iou(masks, load_clients(sweeps), trials, out)
 
+    if selecting:
+        print("skipping final accuracy vs knobs: a selection stage chose the knobs (see search_history)")
+        return written + plot_search(searched, out)
     fedselect = pd.DataFrame()
     if not trials.empty and "acc_mean" in trials:
         fedselect = trials[is_gradselect(trials) & trials["acc_mean"].notna()].copy()

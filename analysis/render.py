@@ -128,13 +128,17 @@ def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", m
 def to_latex(table: Table) -> str:
     """The table as LaTeX: booktabs rules, the best cells in \\textbf, missing cells "--"."""
     cells = table.cells(pm=r"$\pm$", dagger=r"$^\dagger$")
-    best = table.best_mask()
     cells.columns.name = _latex_text(table.row_title)
+    return frame_latex(cells, table.best_mask(), table.full_caption(), table.name)
+
+
+def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
+    """Cell texts (already LaTeX; None for "--") as a booktabs table, the cells where `bold` is
+    True in \\textbf; the row and column labels and the plain-text `caption` are made LaTeX-safe."""
     styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
         .format_index(_latex_text, axis=1)
-    styler = styler.apply(lambda _: np.where(best.to_numpy(), "font-weight: bold;", ""), axis=None)
-    caption = _latex_text(table.full_caption())
-    return styler.to_latex(hrules=True, convert_css=True, caption=caption, label=f"tab:{table.name}",
+    styler = styler.apply(lambda _: np.where(bold.to_numpy(), "font-weight: bold;", ""), axis=None)
+    return styler.to_latex(hrules=True, convert_css=True, caption=_latex_text(caption), label=f"tab:{name}",
                            position_float="centering", column_format="l" + "c" * len(cells.columns))
 
 

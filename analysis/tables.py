@@ -21,6 +21,10 @@ never pass for final results. `--unfinished mark` (default) keeps them at their 
 and daggers their cells, the caption naming the rounds reached; `--unfinished drop` leaves them out
 ("--" or "(n=k)"), the caption counting them. Both modes pick the same configurations, rows and
 columns; finished trials alone print exactly as they did before either mode existed.
+
+A sweep with a selection stage (Optuna search or ASHA per data setting; `stage` "select") also gets
+`search_best` (analysis.search); its select trials enter no other table, which holds the anchors and
+each confirmed configuration (its select run as its first seed) and no knob-keyed table.
 """
 from __future__ import annotations
 
@@ -53,7 +57,10 @@ def counted(trials: pd.DataFrame, mode: str = "mark") -> pd.DataFrame:
     """The trials with an accuracy, finished or not (the cells mark or drop the unfinished ones:
     `summarize`), with their `method` and `setting` labels. With `mode` "drop" some trial must
     have finished."""
+    from .search import final_rows
+
     _check_mode(mode)
+    trials = final_rows(trials)  # a selection stage's trials are single-seed, partly stopped: search_best.tex
     if trials.empty or "status" not in trials:
         raise TableError("no trials in the results")
     keep = trials[trials["acc_mean"].notna()].copy()
@@ -75,8 +82,10 @@ def _check_mode(mode: str) -> None:
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
     """Trials that already went through `counted` stay as they are."""
+    from .search import final_rows
+
     ready = {"method", "setting"} <= set(trials.columns) and not trials[["method", "setting"]].isna().any().any()
-    return trials if ready else counted(trials)
+    return final_rows(trials) if ready else counted(trials)
 
 
 def _most_common(trials: pd.DataFrame, knobs: list[str]) -> tuple:
@@ -148,7 +157,9 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     trials = _at(trials, ["local_epochs"], epochs)
     notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
     fedselect = is_gradselect(trials)
-    if fedselect.any():
+    if "stage" in trials and (trials["stage"] == "confirm").any():  # one chosen configuration per setting
+        notes.append("Tuned methods at the configuration chosen per data setting (table search_best).")
+    elif fedselect.any():
         knobs = ["pers_rate", "pers_limit"]
         values = _most_common(trials[fedselect], knobs)
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
@@ -238,6 +249,8 @@ def supported(trials: pd.DataFrame) -> list[str]:
     found = []
     if trials["algorithm"].nunique() > 1:
         found.append("methods")
+    if "stage" in trials and trials["stage"].isin(["select", "confirm"]).any():
+        return found  # knob-keyed tables of sampled values: search_best.tex instead
     if varies("pers_limit"):
         found.append("limit")
     if variants > 1:
@@ -272,11 +285,16 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
     path's `tables/`), and with `markdown` also `<out>/<name>.md`; returns name -> .tex file. With
     `echo`, prints each preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
+    from .search import final_rows, selection_rows, write_search_table
+
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    tables = make_tables(load_trials(paths), which, unfinished)
+    trials = load_trials(paths)
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
-    out.mkdir(parents=True, exist_ok=True)
     written = {}
+    if which == "auto" and not selection_rows(trials).empty:
+        written["search_best"] = write_search_table(trials, out)
+    tables = make_tables(trials, which, unfinished) if not (written and final_rows(trials).empty) else {}
+    out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         path = out / f"{name}.tex"
         path.write_text(to_latex(table))
