@@ -228,6 +228,10 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
     print(f"[sweep] MLflow:  {mlflow_command()} ui --backend-store-uri {tracking_uri(plan)}")
+    from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
+    link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
+    if link:
+        print(f"[sweep] this sweep's trials in MLflow, best first: {link}")
     if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
         print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
 

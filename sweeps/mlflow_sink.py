@@ -2,14 +2,16 @@
 
 One experiment per study (tagged as a model-development experiment, so that MLflow 3 opens it on
 its runs table rather than the GenAI overview), a run per sweep (tag role=sweep: the sweep's flags)
-and a run per trial (tag sweep=<name>, tag parent_run=<the sweep's run id>). Trial runs are top-level,
-not nested, so that the runs table and the charts show every trial without expanding anything;
-filter one sweep with `tags.sweep = '<name>'`. A trial's run:
+and a run per trial (tags sweep=<name>, role=trial, parent_run=<the sweep's run id>). Trial runs are
+top-level, not nested, so that the runs table and the charts show every trial without expanding
+anything; filter one sweep with `tags.sweep = '<name>' and tags.role = 'trial'`. Each sweep also gets
+a saved view of the runs page (`sweeps.mlflow_view`: that filter, the swept knobs and final metrics
+as columns, best accuracy first, every trial in the charts). A trial's run:
   name     what tells the trial apart in a legend (`run_names`): the method, its knobs that vary in
            the sweep (FedSelect: always p and α), other varying knobs, the data setting, local
            epochs and seed, e.g. `FedSelect p=0.25 α=0.8 digits Dir(0.1) E1 s0`
   params   `config.semantic_dict()`: the common knobs and the trial's own method knobs only
-  tags     sweep, config_hash, seed, method, setting, version
+  tags     sweep, role, parent_run, config_hash, seed, trial_id, method, setting, version
   metrics  per round, the keys of `fl_core.results.summarize_round` (step = round); values that
            were not measured (NaN, e.g. accuracies of rounds skipped by `eval_every`) are skipped
   artifacts at the end: final_client_accuracy.csv, label_histograms.json, fedselect_masks.npz
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -39,6 +40,7 @@ from ray import tune
 from fl_core.config import DATA_KNOBS, NON_SEMANTIC, RunConfig
 from fl_core.results import KNOB_SYMBOLS, config_columns, setting_label, summarize_trial
 
+from .mlflow_view import ALWAYS_NAMED, fail_fast_on_servers, save_sweep_view
 from .parquet_sink import read_trial
 from .plan import run_config
 
@@ -53,12 +55,6 @@ LOGGED_MARK = "mb_total"
 
 def default_tracking_uri(results: Path) -> str:
     return f"sqlite:///{(results / 'mlflow.db').resolve()}"
-
-
-def fail_fast_on_servers() -> None:
-    """An unreachable server should cost seconds, not MLflow's default minutes of retries."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
 class MLflowSink(tune.Callback):
@@ -113,6 +109,7 @@ class MLflowSink(tune.Callback):
     def on_experiment_end(self, trials, **info):
         # Tune marks trials it stopped on an interrupt TERMINATED too: count those that reported their last round
         finished = all(t.trial_id in self._finished for t in trials)
+        self._save_view(trials)  # every trial is known now (a searcher adds them as it goes)
         if self.parent_id:
             self._guard("closing the parent run", self.client.set_terminated, self.parent_id,
                         "FINISHED" if finished else "KILLED")
@@ -143,10 +140,21 @@ class MLflowSink(tune.Callback):
         if run_id is None and self.parent_id:
             if trials and not self._names:  # every trial of the sweep is known: name them all at once
                 self._names = run_names([run_config(t.config) for t in trials])
+                self._save_view(trials)
             run_id = self._guard("opening a trial's run", self._find_or_create_child, trial)
             if run_id:
                 self._runs[trial.trial_id] = run_id
         return run_id
+
+    def _save_view(self, trials) -> None:
+        """The sweep's saved view; a failure costs the view only, never the logging."""
+        if not (self.enabled and self.experiment_id and trials):
+            return
+        try:
+            save_sweep_view(self.client, self.experiment_id, self.sweep, [run_config(t.config) for t in trials])
+        except Exception as err:  # noqa: BLE001
+            print(f"WARNING: could not save the MLflow view of {self.sweep} ({type(err).__name__}: {str(err)[:200]})",
+                  file=sys.stderr, flush=True)
 
     def _find_or_create_child(self, trial) -> str:
         config = run_config(trial.config)
@@ -162,7 +170,7 @@ class MLflowSink(tune.Callback):
         columns = config_columns(config)
         # Not nested under the sweep's run (no mlflow.parentRunId): MLflow's runs table and charts show
         # top-level runs, so nested trials would be hidden behind a collapsed parent without metrics.
-        tags = {"parent_run": self.parent_id, "sweep": self.sweep,
+        tags = {"parent_run": self.parent_id, "sweep": self.sweep, "role": "trial",
                 "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id,
                 "method": columns["method"], "setting": columns["setting"], "version": columns["version"]}
         name = self._names.get(key) or run_names([config])[key]
@@ -230,7 +238,6 @@ class MLflowSink(tune.Callback):
 
 # MLflow 3 opens an experiment of this kind on its runs table (not the GenAI overview).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
 # Shown in their own place in a name (setting, E, s), or never (where and how fast a run happens).
 NAMED_APART = {*DATA_KNOBS, *NON_SEMANTIC, "algorithm", "local_epochs", "seed"}
 

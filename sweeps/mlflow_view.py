@@ -1,0 +1,169 @@
+"""What the MLflow UI (3.15 and later) shows first for a sweep: a saved view, and the link that opens it.
+
+MLflow's runs page reads only its filter and sort from the URL (`searchFilter`, `orderByKey`,
+`orderByAsc`, `startTime`, `lifecycleFilter`, `datasetsFilter`) plus `compareRunsMode`
+(TABLE / CHART); the columns shown, which runs the charts draw and the chart cards live in the
+browser's local storage, with no server-side default per experiment. The one way to hand them
+over is a saved view: an experiment tag `mlflow.sharedViewState.<id>` holding a JSON envelope
+`{name, createdAt, updatedAt, state}`, listed in the page's Views menu and opened by
+`#/experiments/<id>/runs?viewStateShareKey=<id>` (the link must carry no filter or sort of its
+own, or the page ignores the view). Each sweep gets one, named `sweep <name>`:
+  filter   `tags.sweep = '<name>' and tags.role = 'trial'` (the trials, not the sweep's own run)
+  sort     final `acc_mean`, best first
+  columns  the knobs that vary among the trials (the method first), then acc_mean, acc_val_mean
+           (when the data has a validation split) and mb_total
+  charts   every trial drawn (not MLflow's default of the first 10 runs); a section with acc_mean
+           at the last round (bar), acc_mean per round (line) and the swept knobs -> acc_mean
+           (parallel coordinates); MLflow adds its own charts of the other metrics below.
+`runs_view_url` builds either link; `sweep_view_url` looks the experiment up and prefers the view.
+Importing this module needs neither Ray nor a tracking server.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import time
+import zlib
+from typing import Any, Iterable
+from urllib.parse import urlencode
+
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+DEFAULT_UI = "http://127.0.0.1:5000"  # where `mlflow ui` listens unless told otherwise
+FINAL_METRICS = ("acc_mean", "acc_val_mean", "mb_total")
+ORDER_BY = "metrics.`acc_mean`"
+# Knobs named in every run name and shown in every view of a method (FedSelect: p and α).
+ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
+MAX_TAG_VALUE = 20000  # MLflow's limit on an experiment tag's value
+
+
+def fail_fast_on_servers() -> None:
+    """An unreachable server should cost seconds, not MLflow's default minutes of retries."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def view_id(sweep: str) -> str:
+    """The saved view's id: a tag-key and URL safe form of the sweep's name."""
+    return "sweep-" + re.sub(r"[^A-Za-z0-9_.-]", "_", sweep)
+
+
+def trials_filter(sweep: str) -> str:
+    return f"tags.sweep = '{sweep}' and tags.role = 'trial'"
+
+
+def swept_knobs(configs: Iterable[Any]) -> list[str]:
+    """The knobs worth a column: the method when several run, each method's always-named knobs,
+    and every other knob that takes more than one value among the trials that have it."""
+    dicts = [(c.algorithm, c.semantic_dict()) for c in configs]
+    values: dict[str, set[str]] = {}
+    for _, d in dicts:
+        for key, value in d.items():
+            values.setdefault(key, set()).add(repr(value))
+    named = [k for algorithm in dict.fromkeys(a for a, _ in dicts) for k in ALWAYS_NAMED.get(algorithm, ())]
+    varying = [k for k, seen in values.items() if len(seen) > 1]
+    first = ["algorithm"] if "algorithm" in varying else []
+    return list(dict.fromkeys([*first, *named, *varying]))
+
+
+def final_metrics(configs: Iterable[Any]) -> list[str]:
+    with_val = any(getattr(c, "val_fraction", 0) for c in configs)
+    return [m for m in FINAL_METRICS if m != "acc_val_mean" or with_val]
+
+
+def view_state(sweep: str, knobs: list[str], metrics: list[str]) -> dict[str, Any]:
+    """The runs page state of the sweep's view (search facets and UI state, as MLflow keeps them)."""
+    columns = [f"params.`{k}`" for k in knobs] + [f"metrics.`{m}`" for m in metrics]
+    section = "sweep-summary"
+    card = {"metricSectionId": section, "deleted": False, "isGenerated": False}
+    charts = [
+        {**card, "uuid": "sweep-acc-final", "type": "BAR", "metricKey": "acc_mean"},  # the last round's value
+        {**card, "uuid": "sweep-acc-rounds", "type": "LINE", "metricKey": "acc_mean",
+         "selectedMetricKeys": ["acc_mean"], "xAxisKey": "step", "selectedXAxisMetricKey": "",
+         "xAxisScaleType": "linear", "scaleType": "linear", "lineSmoothness": 0, "range": {}, "yAxisKey": "metric",
+         "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True},
+    ]
+    parallel = [k for k in knobs if k not in ("algorithm", "seed")]
+    if parallel:
+        charts.append({**card, "uuid": "sweep-knobs", "type": "PARALLEL", "selectedParams": parallel,
+                       "selectedMetrics": ["acc_mean"], "showAllRuns": False})
+    return {
+        "searchFilter": trials_filter(sweep), "orderByKey": ORDER_BY, "orderByAsc": False,
+        "selectedColumns": columns, "columnOrder": ["attributes.`Run Name`", *columns],
+        "columnWidths": {"attributes.`Run Name`": 320},
+        "runsHiddenMode": "SHOW_ALL",  # the charts draw every trial, not the first 10 runs
+        "compareRunCharts": charts,
+        "compareRunSections": [{"uuid": section, "name": f"Sweep {sweep}", "display": True, "isReordered": False,
+                                "deleted": False, "isGenerated": False, "cardHeight": 480}],
+    }
+
+
+def view_envelope(name: str, state: dict[str, Any], created_ms: int, updated_ms: int) -> str:
+    """The tag value MLflow's UI reads: the state as JSON text, or deflated (its `deflate;<base64>`
+    form) when the plain text would not fit in a tag."""
+    text = json.dumps(state, separators=(",", ":"))
+    envelope = json.dumps({"name": name, "createdAt": created_ms, "updatedAt": updated_ms, "state": text})
+    if len(envelope) > MAX_TAG_VALUE:
+        packed = "deflate;" + base64.b64encode(zlib.compress(text.encode())).decode()
+        envelope = json.dumps({"name": name, "createdAt": created_ms, "updatedAt": updated_ms, "state": packed})
+    return envelope
+
+
+def read_view(value: str) -> dict[str, Any]:
+    """The state inside a view tag's value (the inverse of `view_envelope`)."""
+    text = json.loads(value)["state"]
+    if text.startswith("deflate;"):
+        text = zlib.decompress(base64.b64decode(text[len("deflate;"):])).decode()
+    return json.loads(text)
+
+
+def save_sweep_view(client, experiment_id: str, sweep: str, configs: list[Any]) -> str:
+    """Write (or refresh) the sweep's saved view on its experiment; returns the view's id."""
+    key = view_id(sweep)
+    now = int(time.time() * 1000)
+    old = client.get_experiment(experiment_id).tags.get(VIEW_TAG_PREFIX + key)
+    try:
+        created = int(json.loads(old)["createdAt"]) if old else now
+    except (ValueError, KeyError, TypeError):
+        created = now
+    state = view_state(sweep, swept_knobs(configs), final_metrics(configs))
+    value = view_envelope(f"sweep {sweep}", state, created, now)
+    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, value)
+    return key
+
+
+def runs_view_url(experiment_id: str, sweep: str | None, mode: str = "TABLE", host: str = DEFAULT_UI,
+                  saved_view: bool = False) -> str:
+    """The runs page of one sweep: its saved view (`saved_view=True`), else the same filter and
+    sort spelled in the URL (any MLflow 2.x/3.x, columns left as the browser has them); with no
+    sweep, the experiment's whole runs page."""
+    if sweep is None:
+        query = {"compareRunsMode": mode}
+    elif saved_view:
+        query = {"viewStateShareKey": view_id(sweep), "compareRunsMode": mode}
+    else:
+        query = {"searchFilter": trials_filter(sweep), "orderByKey": ORDER_BY, "orderByAsc": "false",
+                 "compareRunsMode": mode}
+    return f"{host.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
+
+
+def ui_host(tracking_uri: str) -> str:
+    """Where the UI of a store is: a tracking server serves its own; a file or database store is
+    shown by `mlflow ui`, on port 5000 by default."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else DEFAULT_UI
+
+
+def sweep_view_url(tracking_uri: str, study: str, sweep: str, mode: str = "TABLE",
+                   host: str | None = None) -> str | None:
+    """The link to print for a sweep of `study` (None when the experiment cannot be read)."""
+    fail_fast_on_servers()
+    try:
+        from mlflow import MlflowClient
+        experiment = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(study)
+    except Exception:  # noqa: BLE001 - a link is a convenience; an unreachable store must not matter
+        return None
+    if experiment is None:
+        return None
+    saved = VIEW_TAG_PREFIX + view_id(sweep) in experiment.tags
+    return runs_view_url(experiment.experiment_id, sweep, mode, host or ui_host(tracking_uri), saved_view=saved)

@@ -1,0 +1,135 @@
+"""The MLflow view of a sweep (sweeps/mlflow_view.py): the link the summary prints, the saved view
+written on the experiment, and the tags that let its filter pick the trials. Read back through
+MlflowClient on a temporary sqlite store; no Ray cluster (the sink is driven with stand-in trials)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from sweeps import mlflow_view as view
+
+from conftest import tiny
+
+STUDY = "view_study"
+
+
+def _query(url: str) -> tuple[str, dict[str, str]]:
+    """(the path inside the page's #fragment, its query parameters, one value each)."""
+    fragment = urlsplit(url).fragment
+    path, _, query = fragment.partition("?")
+    return path, {k: v[0] for k, v in parse_qs(query, strict_parsing=True).items()}
+
+
+def _grid():
+    """A small grid: FedSelect over p and α on two Dir α, and one FedAvg anchor per Dir α."""
+    configs = [tiny(partition="dirichlet", dir_alpha=a, pers_rate=p, pers_limit=0.6)
+               for a in (0.1, 0.5) for p in (0.25, 0.5)]
+    return configs + [tiny(algorithm="fedavg", partition="dirichlet", dir_alpha=a) for a in (0.1, 0.5)]
+
+
+def test_runs_view_url_filters_the_sweep_and_sorts_by_final_accuracy():
+    url = view.runs_view_url("7", "grid-1", mode="CHART", host="http://127.0.0.1:5001/")
+    assert url.startswith("http://127.0.0.1:5001/#/experiments/7/runs?")
+    path, query = _query(url)
+    assert path == "/experiments/7/runs"
+    assert query == {"searchFilter": "tags.sweep = 'grid-1' and tags.role = 'trial'",
+                     "orderByKey": "metrics.`acc_mean`", "orderByAsc": "false", "compareRunsMode": "CHART"}
+    # the saved view: nothing else that would make the page ignore it
+    _, query = _query(view.runs_view_url("7", "grid 1/b", saved_view=True))
+    assert query == {"viewStateShareKey": "sweep-grid_1_b", "compareRunsMode": "TABLE"}
+    assert _query(view.runs_view_url("7", None))[1] == {"compareRunsMode": "TABLE"}
+    assert view.runs_view_url("7", "s").startswith(view.DEFAULT_UI + "/#/")
+
+
+def test_ui_host_is_the_tracking_server_or_mlflow_ui():
+    assert view.ui_host("http://tracker:8080/") == "http://tracker:8080"
+    assert view.ui_host("sqlite:////tmp/x/mlflow.db") == "http://127.0.0.1:5000"
+
+
+def test_swept_knobs_and_final_metrics():
+    configs = _grid()
+    assert view.swept_knobs(configs) == ["algorithm", "pers_rate", "pers_limit", "dir_alpha"]
+    # FedSelect alone with one p and α: its knobs are still the columns, the method is not
+    assert view.swept_knobs([tiny(), tiny(seed=1)]) == ["pers_rate", "pers_limit", "seed"]
+    assert view.final_metrics(configs) == ["acc_mean", "mb_total"]
+    assert view.final_metrics([tiny(val_fraction=0.2)]) == ["acc_mean", "acc_val_mean", "mb_total"]
+
+
+def test_view_state_columns_charts_and_envelope_round_trip():
+    state = view.view_state("g", ["algorithm", "pers_rate", "seed"], ["acc_mean", "mb_total"])
+    assert state["selectedColumns"] == ["params.`algorithm`", "params.`pers_rate`", "params.`seed`",
+                                        "metrics.`acc_mean`", "metrics.`mb_total`"]
+    assert state["columnOrder"] == ["attributes.`Run Name`", *state["selectedColumns"]]
+    assert state["runsHiddenMode"] == "SHOW_ALL" and state["orderByAsc"] is False
+    charts = {c["type"]: c for c in state["compareRunCharts"]}
+    assert charts["BAR"]["metricKey"] == charts["LINE"]["metricKey"] == "acc_mean"
+    assert charts["PARALLEL"]["selectedParams"] == ["pers_rate"]  # the method and the seed are no axes
+    sections = {s["uuid"] for s in state["compareRunSections"]}
+    assert {c["metricSectionId"] for c in state["compareRunCharts"]} == sections
+    small = view.view_envelope("sweep g", state, 1, 2)
+    assert json.loads(small)["name"] == "sweep g" and not json.loads(small)["state"].startswith("deflate;")
+    assert view.read_view(small) == state
+    big = dict(state, selectedColumns=[f"params.`knob_{i}`" for i in range(2000)])
+    packed = view.view_envelope("sweep g", big, 1, 2)
+    assert len(packed) <= view.MAX_TAG_VALUE and json.loads(packed)["state"].startswith("deflate;")
+    assert view.read_view(packed) == big
+
+
+def test_saved_view_on_the_experiment_and_the_printed_link(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment(STUDY, artifact_location=(tmp_path / "art").as_uri())
+    key = view.save_sweep_view(client, experiment_id, "grid-1", _grid())
+    tag = client.get_experiment(experiment_id).tags[view.VIEW_TAG_PREFIX + key]
+    envelope = json.loads(tag)
+    assert envelope["name"] == "sweep grid-1" and envelope["createdAt"] == envelope["updatedAt"]
+    state = view.read_view(tag)
+    assert state["searchFilter"] == "tags.sweep = 'grid-1' and tags.role = 'trial'"
+    assert state["selectedColumns"][:4] == ["params.`algorithm`", "params.`pers_rate`", "params.`pers_limit`",
+                                            "params.`dir_alpha`"]
+    # saved again (a resumed sweep): same view, first creation time kept
+    view.save_sweep_view(client, experiment_id, "grid-1", _grid()[:2])
+    again = json.loads(client.get_experiment(experiment_id).tags[view.VIEW_TAG_PREFIX + key])
+    assert again["createdAt"] == envelope["createdAt"] and again["updatedAt"] >= envelope["updatedAt"]
+
+    _, query = _query(view.sweep_view_url(uri, STUDY, "grid-1"))
+    assert query == {"viewStateShareKey": key, "compareRunsMode": "TABLE"}
+    _, query = _query(view.sweep_view_url(uri, STUDY, "no-view", mode="CHART"))  # no view: filter in the URL
+    assert query["searchFilter"] == "tags.sweep = 'no-view' and tags.role = 'trial'"
+    assert view.sweep_view_url(uri, "no_such_study", "grid-1") is None
+    assert view.sweep_view_url("http://127.0.0.1:9", STUDY, "grid-1") is None  # nothing listens: no link, no error
+
+
+def test_sink_tags_trials_so_the_view_filter_finds_them(tmp_path):
+    """The sink (driven as Tune would, with stand-in trials) writes role=trial on every trial's run
+    and the sweep's view; the view's filter returns exactly the trials, never the sweep's run."""
+    pytest.importorskip("ray")
+    from mlflow import MlflowClient
+
+    from sweeps.mlflow_sink import MLflowSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sink = MLflowSink(uri, STUDY, "grid-2", tmp_path / "grid-2", tmp_path / "art", sweep_params={"rounds": 3})
+    trials = [SimpleNamespace(trial_id=f"t{i}", config={"trial": {"run": c.to_dict()}}) for i, c in enumerate(_grid())]
+    sink.setup()
+    for trial in trials:
+        sink.on_trial_start(0, trials, trial)
+    sink.on_experiment_end(trials)
+    assert sink.enabled
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(STUDY)
+    state = view.read_view(experiment.tags[view.VIEW_TAG_PREFIX + view.view_id("grid-2")])
+    found = client.search_runs([experiment.experiment_id], state["searchFilter"])
+    assert sorted(r.data.tags["trial_id"] for r in found) == [t.trial_id for t in trials]
+    assert all(r.data.tags["role"] == "trial" for r in found)
+    everything = client.search_runs([experiment.experiment_id], "tags.sweep = 'grid-2'")
+    assert len(everything) == len(trials) + 1  # and the sweep's own run, left out by the view
+    for run in found:  # every column of the view is a param the trial logged, or one it has no knob for
+        columns = [c[len("params.`"):-1] for c in state["selectedColumns"] if c.startswith("params.")]
+        logged = [c for c in columns if c in run.data.params]
+        assert logged == (columns if run.data.params["algorithm"] == "fedselect" else ["algorithm", "dir_alpha"])
