@@ -8,7 +8,7 @@ seed), "select" (sampled or scheduled, first seed only; STOPPED when stopped ear
 the metric the selection maximised ("acc_val_mean"; "acc_mean" without a validation split).
 A cell is a data setting, with its local epochs where they vary outside the selection stage (a
 study axis, not a searched knob). The chosen configuration is the COMPLETED select trial with the
-highest objective (ties: the first started). It and the anchors stand side by side only over the
+highest objective (ties: the smaller config hash), as the sweep flags it (`selected`). It and the anchors stand side by side only over the
 same seeds at the same final round; a value that does not carries analysis.render's dagger.
 """
 from __future__ import annotations
@@ -51,10 +51,18 @@ def _objective(rows: pd.DataFrame) -> str:
 
 
 def _chosen(rows: pd.DataFrame):
-    """The index of the finished row with the highest objective (ties: the first), else None."""
+    """The index of the row the sweep chose (its `selected` flag), else of the finished row with
+    the highest objective, ties to the smaller config hash as sweeps.stages.best_completed; None
+    when no row finished."""
+    if "selected" in rows and rows["selected"].fillna(False).astype(bool).any():
+        return rows.index[rows["selected"].fillna(False).astype(bool)][0]
     objective = _objective(rows)
     done = rows[~unfinished(rows) & rows[objective].notna()]
-    return done[objective].idxmax() if len(done) else None
+    if not len(done):
+        return None
+    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done else ["_neg"],
+                                                          kind="stable")
+    return order.index[0]
 
 
 def final_rows(trials: pd.DataFrame) -> pd.DataFrame:

@@ -185,7 +185,9 @@ def _tune_config(plan: SweepPlan, stage: Stage):
         kwargs["max_concurrent_trials"] = plan.args.max_concurrent
     if stage.searched:
         from ray.tune.search.optuna import OptunaSearch
-        kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0])
+        # an independent, reproducible sampler per select stage (stage i: seed + 1000 i)
+        index = [s.name for s in plan.stages].index(stage.name)
+        kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0] + 1000 * index)
         kwargs["num_samples"] = plan.spec.num_samples
     if stage.kind == "select" and plan.spec.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler

@@ -237,6 +237,11 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
     if anchors is not None:
         methods = _replace_methods(methods, anchors, anchor=True)
     top = dict(spec.knobs)
+    owners, algorithms = knob_owners(), {m.algorithm for m in methods}
+    for name in knobs:
+        if name in owners and not algorithms & set(owners[name]):
+            raise SweepError(f"--{name.replace('_', '-')} is a knob of {' and '.join(owners[name])}, but this study "
+                             f"runs no trial of {' or '.join(owners[name])}")
     for name, value in knobs.items():
         value = value[0] if isinstance(value, list) and len(value) == 1 else value
         setting = [i for i, m in enumerate(methods) if name in m.knobs]

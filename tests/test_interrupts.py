@@ -38,7 +38,7 @@ CLIENTS = 3  # TINY_SWEEP
 
 # ---------------------------------------------------------------------------- --resume without Ray
 def _fake_sweep(results: Path, name: str, study: str | None, age: float = 0.0) -> Path:
-    """A sweep folder holding only sweep.json (format 3; `study` None: written before it was recorded)."""
+    """A sweep folder holding only sweep.json (`study` None: written before it was recorded)."""
     folder = results / name
     folder.mkdir(parents=True)
     saved = {"sweep_format": SWEEP_FORMAT} | ({"study": study} if study else {})
@@ -98,13 +98,14 @@ def test_trials_table_lists_every_planned_trial_when_tune_results_have_no_config
     """The reported crash: a PENDING trial's Result has config None (it never reported)."""
     args = build_parser(STUDY).parse_args(sweep_args(tmp_path, "table", "--pers-rate", "0.1", "0.25",
                                                      "--anchors", "fedavg"))
-    plan, _ = plan_sweep(STUDY, args, build_parser(STUDY).parse_args([]))
+    plan, _ = plan_sweep(STUDY, args)
     pending = SimpleNamespace(config=None, metrics={}, error=None, path="nowhere")
-    trials, rows = trials_table(plan, [pending, pending], interrupted=True)
+    trials, rows = trials_table(plan, [(plan.stages[0], [pending, pending])], interrupted=True)
     assert rows == 0 and len(trials) == 3 and (trials.status == "NOT_STARTED").all()
     assert list(trials.config_hash) == [c.config_hash() for c in plan.configs]
     saved = pd.read_parquet(tmp_path / "table" / "trials.parquet")
     assert sorted(saved.algorithm) == ["fedavg", "fedselect", "fedselect"] and (saved.rounds_done == 0).all()
+    assert list(saved.stage) == ["grid", "grid", "anchor"] and (saved.objective == "acc_mean").all()
 
 
 def _signal_self(sig: int) -> None:

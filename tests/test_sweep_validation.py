@@ -11,9 +11,19 @@ import pytest
 from fl_core.algorithms import ALGORITHMS
 from fl_core.config import COMMON_KNOBS, RunConfig, knob_owners
 from sweeps import ablation, baselines
-from sweeps.fedselect_grid import STUDY, grid
-from sweeps.plan import DATA_CHOICE, run_config
-from sweeps.study import LIST_AXES, NOT_FLAGS, build_parser, plan_sweep, run_study, validate_trials
+from sweeps.fedselect_grid import STUDY
+from sweeps.plan import run_config
+from sweeps.study import NOT_FLAGS, build_parser, plan_sweep, run_study
+
+
+def planned(study, argv, tmp_path="/tmp/never-written"):
+    """The plan of a study's command line (nothing is written)."""
+    args = build_parser(study).parse_args([*argv, "--results", str(tmp_path)])
+    return plan_sweep(study, args)[0]
+
+
+def configs_of(study, argv):
+    return planned(study, argv).configs
 
 from conftest import REPO
 
@@ -25,8 +35,13 @@ from conftest import REPO
     (["--local-epochs", "0"], "local_epochs=0 is outside the allowed range [1, inf)"),
     (["--dataset", "imagenet"], "dataset='imagenet' is not allowed"),
     (["--anchors", "fedavg", "fedmagic"], "algorithm='fedmagic' is not allowed"),
+    (["--pers-rate", "0.1:0.5"], "pers_rate=0.1:0.5: a range needs search kind = optuna"),
+    (["--dir-alpha", "0.1:0.5", "--search", "optuna"], "data settings are never searched"),
+    (["--scheduler", "asha"], "a search or scheduler selects by validation accuracy"),
+    (["--search", "optuna", "--algorithms", "fedavg", "--anchors", "fedavg"], "a method entry is listed twice"),
+    (["--search", "optuna", "--val-fraction", "0.1", "--algorithms", "fedavg", "--anchors"], None),
     (["--participation", "0"], "participation=0.0 is outside the allowed range (0, 1]"),
-    (["--ditto-lambda", "2"], "--ditto-lambda is a knob of ditto, but this sweep runs no trial of ditto"),
+    (["--ditto-lambda", "2"], "--ditto-lambda is a knob of ditto, but this study runs no trial of ditto"),
     (["--pers-rate", "0.1", "0.1"], "same configuration twice"),
     (["--dataset", "mnist", "--data-root", "/nonexistent/data"], "/nonexistent/data"),
     (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots' is not a number or 'auto'"),
@@ -34,17 +49,20 @@ from conftest import REPO
     (["--checkpoint-every", "0"], "--checkpoint-every 0 must be >= 1"),
 ])
 def test_bad_values_fail_before_any_work(tmp_path, capsys, flags, needle):
-    assert run_study(STUDY, ["--results", str(tmp_path), *flags]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and err.count("error:") == 1
-    assert not any(tmp_path.glob("*/sweep.json"))
+    if needle is None:  # a valid command line: checked with --dry-run, which writes nothing
+        assert run_study(STUDY, ["--results", str(tmp_path), *flags, "--dry-run"]) == 0
+    else:
+        assert run_study(STUDY, ["--results", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("error:") == 1
+    assert not any(tmp_path.iterdir())
 
 
 def test_sweeps_of_engine_v1_are_not_resumed(tmp_path, capsys):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "sweep.json").write_text(json.dumps({"rounds": 20, "resume": False}))  # no sweep_format
     assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "--name", "old"]) == 2
-    assert "old was written by an older version (sweep format 1, now 3)" in capsys.readouterr().err
+    assert "old was written by an older version (sweep format 1, now 4)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
@@ -52,32 +70,30 @@ def test_every_knob_is_a_flag_with_its_default_in_help(study):
     parser = build_parser(study)
     flags = {o for action in parser._actions for o in action.option_strings}
     knobs = set(COMMON_KNOBS) | set(knob_owners())
-    expected = knobs - set(LIST_AXES) - set(NOT_FLAGS) - set(study.axes)
+    expected = knobs - set(NOT_FLAGS)
     assert {k for k in expected if "--" + k.replace("_", "-") not in flags} == set()
     assert {"--dataset", "--partition", "--dir-alpha", "--local-epochs", "--seeds"} <= flags
     text = " ".join(build_parser(study).format_help().split())  # unwrapped
-    for needle in ("--rounds ROUNDS communication rounds; in [1, inf) (default: 20)",
-                   "--num-clients NUM_CLIENTS number of clients; in [1, inf) (default: 10)",
+    for needle in ("--rounds ROUNDS [ROUNDS ...] communication rounds; in [1, inf) (default: 20)",
+                   "--num-clients NUM_CLIENTS [NUM_CLIENTS ...] number of clients; in [1, inf) (default: 10)",
                    "(default: 0.1)", "--eval-every", "--lr-schedule"):
         assert needle in text, needle
 
 
 def test_default_grid_is_32_trials_per_seed_over_3_seeds_and_anchors_carry_no_fedselect_knobs():
-    trials = grid(build_parser(STUDY).parse_args([]))
-    configs = validate_trials(trials)
+    configs = configs_of(STUDY, [])
     fedselect = [c for c in configs if c.algorithm == "fedselect"]
-    anchors = [t for t in trials if t["algorithm"] != "fedselect"]
+    anchors = [c for c in configs if c.algorithm != "fedselect"]
     assert len(configs) == 32 * 3 and len(fedselect) == 3 * 2 * 2 * 2 * 3 and len(anchors) == 2 * 2 * 2 * 3
     assert {c.seed for c in configs} == {0, 1, 2}
-    assert not any(k in t for t in anchors for k in knob_owners())  # no fake p = α = 0
+    assert not any(k in c.to_dict() for c in anchors for k in knob_owners())  # no fake p = α = 0
     assert {(c.pers_rate, c.pers_limit) for c in fedselect} == {(p, a) for p in (0.1, 0.25, 0.5) for a in (0.5, 0.8)}
-    assert {(t["dir_alpha"], t["local_epochs"]) for t in anchors} == {(c.dir_alpha, c.local_epochs) for c in fedselect}
+    assert {(c.dir_alpha, c.local_epochs) for c in anchors} == {(c.dir_alpha, c.local_epochs) for c in fedselect}
     assert all(c.dataset == "digits" and c.partition == "dirichlet" and c.rounds == 20 for c in configs)
 
 
 def test_method_knobs_apply_to_their_own_methods_only():
-    args = build_parser(baselines.STUDY).parse_args(["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05", "--seeds", "0"])
-    configs = validate_trials(baselines.grid(args))
+    configs = configs_of(baselines.STUDY, ["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05", "--seeds", "0"])
     assert len(configs) == len(ALGORITHMS) * 2                        # methods x (2 shards, Dir(0.1))
     for c in configs:
         owns = set(c.method.to_dict())
@@ -89,13 +105,16 @@ def test_method_knobs_apply_to_their_own_methods_only():
 
 
 def test_paper_preset_is_cifar10_resnet18():
-    configs = validate_trials(grid(build_parser(STUDY).parse_args(["--preset", "paper"])))
+    configs = configs_of(STUDY, ["--preset", "paper"])
     assert {(c.dataset, c.model, c.samples_per_client) for c in configs} == {("cifar10", "resnet18", 100)}
+    assert len(configs) == (4 + 2) * 2 * 3 and {c.pers_limit for c in configs if c.algorithm == "fedselect"} == {
+        0.2, 0.4, 0.6, 0.8}
+    narrowed = configs_of(STUDY, ["--preset", "paper", "--pers-limit", "0.8", "--seeds", "0"])  # flags still apply
+    assert {c.pers_limit for c in narrowed if c.algorithm == "fedselect"} == {0.8} and len(narrowed) == 3 * 2
 
 
 def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
-    args = build_parser(ablation.STUDY).parse_args(["--partition", "shards", "--pers-rate", "0.5", "--seeds", "0"])
-    configs = validate_trials(ablation.grid(args))
+    configs = configs_of(ablation.STUDY, ["--partition", "shards", "--pers-rate", "0.5", "--seeds", "0"])
     assert sorted(c.label() for c in configs) == [
         "FedSelect", "FedSelect (layer A)", "FedSelect (layer B)", "FedSelect (layer C)", "FedSelect (layer D)",
         "FedSelect (personalize least)", "FedSelect (random)"]
@@ -103,42 +122,43 @@ def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
 
 
 def test_tune_receives_validated_flat_configs_and_gives_them_back(tmp_path):
-    parser = build_parser(STUDY)
-    args = parser.parse_args(["--results", str(tmp_path), "--pers-rate", "0.25", "--pers-limit", "0.8",
-                              "--dir-alpha", "0.1", "--local-epochs", "1", "--select-params", "all",
-                              "--seeds", "0"])
-    plan, _ = plan_sweep(STUDY, args, parser.parse_args([]))
-    trials = plan.param_space["trial"]["grid_search"]
+    from sweeps.plan import grid_space, progress_columns
+    plan = planned(STUDY, ["--pers-rate", "0.25", "--pers-limit", "0.8", "--dir-alpha", "0.1", "--local-epochs", "1",
+                           "--select-params", "all", "--seeds", "0"], tmp_path)
+    (stage,) = plan.stages
+    space, columns = grid_space(stage.configs, progress_columns(plan.configs, plan.named))
+    trials = space["trial"]["grid_search"]
     assert [t["run"] for t in trials] == [c.to_dict() for c in plan.configs]
+    assert [t["stage"] for t in trials] == ["grid", "anchor", "anchor"]
     back = [run_config({"trial": t}) for t in trials]
     assert [c.config_hash() for c in back] == [c.config_hash() for c in plan.configs]
     assert [t["show"]["p"] for t in trials] == [0.25, "-", "-"]       # anchors: no p, shown as "-"
     assert [c.label() for c in back] == ["FedSelect", "FedAvg", "Local"]
     assert back[0].select_params == "all" and "select_params" not in trials[1]["run"]
-    assert plan.columns["trial/show/α"] == "α" and not (tmp_path / plan.folder.name).exists()
+    assert columns["trial/show/α"] == "α" and not (tmp_path / plan.folder.name).exists()
 
 
-def test_optuna_space_is_sampled_knobs_over_a_validated_base(tmp_path):
-    parser = build_parser(STUDY)
-    args = parser.parse_args(["--results", str(tmp_path), "--search", "optuna", "--pers-rate", "0.1", "0.5",
-                              "--partition", "dirichlet", "shards"])
-    plan, _ = plan_sweep(STUDY, args, parser.parse_args([]))
-    space = plan.param_space
-    assert space["run"] == next(c for c in plan.configs if c.algorithm == "fedselect").to_dict()
-    assert set(space) == {"run", "pers_rate", "pers_limit", "local_epochs", DATA_CHOICE}
-    assert [json.loads(c)["partition"] for c in space[DATA_CHOICE].categories] == ["dirichlet", "dirichlet", "shards"]
-    assert set(plan.columns.values()) == {"p", "α", "epochs", DATA_CHOICE}
-    sampled = {"run": space["run"], "pers_rate": 0.3, "pers_limit": 0.6, "local_epochs": 2,
-               DATA_CHOICE: json.dumps({"dataset": "digits", "partition": "shards", "dir_alpha": 0.5})}
+def test_optuna_space_is_sampled_knobs_over_a_validated_base_one_search_per_data_setting(tmp_path):
+    from sweeps.plan import search_space
+    plan = planned(STUDY, ["--search", "optuna", "--pers-rate", "0.1:0.5", "--pers-limit", "0.5", "0.9",
+                           "--lr", "0.01:0.3:log", "--partition", "dirichlet", "shards", "--val-fraction", "0.1",
+                           "--local-epochs", "1"], tmp_path)
+    selects = [s for s in plan.stages if s.kind == "select"]
+    assert [s.group for s in selects] == ["digits, Dir(0.1) / FedSelect", "digits, Dir(0.5) / FedSelect",
+                                          "digits, 2 shards / FedSelect"]    # the data are never searched
+    assert all(s.searched and len(s.configs) == 1 and s.configs[0][1].seed == 0 for s in selects)
+    base = selects[2].configs[0][1]
+    space, _ = search_space(base, selects[2].domains, {})
+    assert space["run"] == base.to_dict() and space["stage"] == "select"
+    assert set(space) == {"run", "stage", "pers_rate", "pers_limit", "lr"}
+    assert (space["pers_rate"].lower, space["pers_rate"].upper) == (0.1, 0.5)
+    assert space["pers_limit"].categories == [0.5, 0.9]
+    assert "LogUniform" in type(space["lr"].sampler).__name__
+    sampled = {"run": space["run"], "stage": "select", "pers_rate": 0.3, "pers_limit": 0.9, "lr": 0.05}
     config = run_config(sampled)
-    assert (config.pers_rate, config.pers_limit, config.local_epochs, config.partition) == (0.3, 0.6, 2, "shards")
-    assert config.config_hash() == RunConfig.from_dict(space["run"]).replace(
-        pers_rate=0.3, pers_limit=0.6, local_epochs=2, partition="shards", dir_alpha=0.5).config_hash()
-
-
-def test_grid_only_studies_refuse_optuna(tmp_path, capsys):
-    assert run_study(ablation.STUDY, ["--results", str(tmp_path), "--search", "optuna"]) == 2
-    assert "the ablation study is a grid only" in capsys.readouterr().err
+    assert (config.pers_rate, config.pers_limit, config.lr, config.partition) == (0.3, 0.9, 0.05, "shards")
+    assert config.config_hash() == base.replace(pers_rate=0.3, pers_limit=0.9, lr=0.05).config_hash()
+    assert [s.name for s in plan.stages] == ["tune-anchors", "tune-select-0", "tune-select-1", "tune-select-2"]
 
 
 def test_launch_does_not_import_study():
@@ -183,13 +203,12 @@ def test_mlflow_run_names_tell_the_trials_apart_by_what_varies():
 
 def test_progress_table_shows_dataset_partition_and_seed_where_they_vary(tmp_path):
     parser = build_parser(STUDY)
-    crossed = parser.parse_args(["--results", str(tmp_path), "--dataset", "digits", "synthetic",
-                                 "--partition", "shards", "dirichlet"])
-    plan, _ = plan_sweep(STUDY, crossed, parser.parse_args([]))
-    assert {"data", "split", "seed"} <= set(plan.columns.values())
-    single = parser.parse_args(["--results", str(tmp_path), "--seeds", "0"])
-    plan, _ = plan_sweep(STUDY, single, parser.parse_args([]))
-    assert not {"data", "split", "seed"} & set(plan.columns.values())
+    from sweeps.plan import progress_columns
+    crossed = planned(STUDY, ["--dataset", "digits", "synthetic", "--partition", "shards", "dirichlet"], tmp_path)
+    assert {"data", "split", "seed"} <= set(progress_columns(crossed.configs, crossed.named).values())
+    single = planned(STUDY, ["--seeds", "0"], tmp_path)
+    assert not {"data", "split", "seed"} & set(progress_columns(single.configs, single.named).values())
+    assert {"p", "α", "Dir α", "epochs"} <= set(progress_columns(single.configs, single.named).values())
 
 
 @pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
@@ -218,8 +237,8 @@ def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
 
 
 def test_dir_alpha_is_swept_for_both_dirichlet_partitions_only():
-    args = build_parser(baselines.STUDY).parse_args(["--algorithms", "fedavg", "--seeds", "0", "--dir-alpha", "0.1", "0.5",
-                                                     "--partition", "shards", "dirichlet", "dirichlet_class"])
-    settings = {(c.partition, c.dir_alpha) for c in validate_trials(baselines.grid(args))}
+    configs = configs_of(baselines.STUDY, ["--algorithms", "fedavg", "--seeds", "0", "--dir-alpha", "0.1", "0.5",
+                                           "--partition", "shards", "dirichlet", "dirichlet_class"])
+    settings = {(c.partition, c.dir_alpha) for c in configs}
     assert settings == {("shards", RunConfig().dir_alpha), ("dirichlet", 0.1), ("dirichlet", 0.5),
                         ("dirichlet_class", 0.1), ("dirichlet_class", 0.5)}

@@ -266,20 +266,54 @@ def test_impossible_resource_requests_fail_fast(ray_cluster, tmp_path, capsys, f
     assert not (tmp_path / "impossible" / "sweep.json").exists()
 
 
+STAGED = ["--partition", "shards", "iid", "--val-fraction", "0.2", "--seeds", "0", "1", "--anchors", "fedavg"]
+
+
+def check_staged(folder, rounds: int, samples: int) -> pd.DataFrame:
+    """What every staged sweep (search or scheduler) must give: per data setting, a select stage on
+    seed 0 (completed or stopped early), the best COMPLETED select trial by validation accuracy
+    confirmed on seed 1, anchors on both seeds to the final round."""
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert (trials.objective == "acc_val_mean").all()
+    anchors, select, confirm = (trials[trials.stage == kind] for kind in ("anchor", "select", "confirm"))
+    assert len(anchors) == 2 * 2 and (anchors.status == "COMPLETED").all() and (anchors.rounds_done == rounds).all()
+    assert len(select) == 2 * samples and (select.seed == 0).all() and set(select.status) <= {"COMPLETED", "STOPPED"}
+    assert (select.loc[select.status == "STOPPED", "rounds_done"] < rounds).all()
+    assert len(confirm) == 2 and (confirm.seed == 1).all() and (confirm.status == "COMPLETED").all()
+    for setting, rows in select.groupby("setting"):
+        assert rows.partition.nunique() == 1                       # the data are never searched
+        done = rows[rows.status == "COMPLETED"]
+        best = done.sort_values(["acc_val_mean", "config_hash"], ascending=[False, True]).iloc[0]  # ties: smaller hash
+        assert rows.selected.sum() == 1 and rows.loc[rows.selected].config_hash.item() == best.config_hash
+        again = confirm[confirm.setting == setting].iloc[0]
+        assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
+    rows = read_rounds(folder)
+    assert len(rows) == int(trials.rounds_done.sum()) * 3 and not rows.duplicated(["config_hash", "round", "client"]).any()
+    assert {p.name for p in folder.glob("tune-*")} == {"tune-anchors", "tune-select-0", "tune-select-1", "tune-confirm"}
+    assert (folder / "tables" / "search_best.tex").exists() and (folder / "figures" / "search_history.png").exists()
+    return trials
+
+
 @slow
-def test_optuna_search_with_asha(ray_cluster, tmp_path):
-    assert run(sweep_args(tmp_path, "optuna", "--pers-rate", "0.1", "0.5", "--pers-limit", "0.5", "0.9",
-                          "--search", "optuna", "--num-samples", "3", "--scheduler", "asha", rounds=4)) in (0, 1)
-    trials = pd.read_parquet(tmp_path / "optuna" / "trials.parquet")
-    assert len(trials) == 3 and set(trials.status) <= {"COMPLETED", "STOPPED"}
-    assert trials.pers_rate.between(0.1, 0.5).all() and trials.pers_limit.between(0.5, 0.9).all()
-    assert trials.pers_rate.nunique() == 3  # sampled, not a grid
-    rounds = read_rounds(tmp_path / "optuna")
-    assert len(rounds) == int(trials.rounds_done.sum()) * 3
-    assert not rounds.duplicated(["config_hash", "round", "client"]).any()
-    for _, trial in trials.iterrows():  # the sampled values reached the trial's rows and hash
-        rows = rounds[rounds.config_hash == trial.config_hash]
-        assert (rows.pers_rate == trial.pers_rate).all() and len(rows) == trial.rounds_done * 3
+def test_optuna_with_asha_searches_each_data_setting_on_validation_and_confirms_the_best(ray_cluster, tmp_path):
+    argv = sweep_args(tmp_path, "optuna", *STAGED, "--search", "optuna", "--num-samples", "3", "--scheduler", "asha",
+                      "--pers-rate", "0.1:0.5", "--pers-limit", "0.5", "0.9", rounds=4)
+    assert run(argv) == 0
+    trials = check_staged(tmp_path / "optuna", rounds=4, samples=3)
+    select = trials[trials.stage == "select"]
+    assert select.pers_rate.between(0.1, 0.5).all() and set(select.pers_limit) <= {0.5, 0.9}
+    assert select.pers_rate.nunique() == 6  # sampled, independently per data setting: not a grid
+    spec = (tmp_path / "optuna" / "study.toml").read_text()
+    assert 'kind = "optuna"' in spec and "pers_rate = {low = 0.1, high = 0.5, log = false}" in spec
+
+
+@slow
+def test_asha_grid_schedules_each_data_setting_apart_and_anchors_run_to_the_end(ray_cluster, tmp_path):
+    argv = sweep_args(tmp_path, "asha", *STAGED, "--scheduler", "asha", "--pers-rate", "0.1", "0.25", "0.5",
+                      "--pers-limit", "0.5", rounds=4)
+    assert run(argv) == 0
+    trials = check_staged(tmp_path / "asha", rounds=4, samples=3)
+    assert sorted(trials[trials.stage == "select"].pers_rate) == [0.1, 0.1, 0.25, 0.25, 0.5, 0.5]
 
 
 @slow
