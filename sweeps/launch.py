@@ -127,7 +127,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             print(f"[sweep] write them with: python -m analysis.tables {folder}")
             print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
         return exit_code(stop.signum)
-    return 0 if (trials.status == "COMPLETED").all() else 1
+    return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
 
 
 def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from fl_core.results import KNOB_SYMBOLS, config_columns, setting_label, summari
 
 from .mlflow_view import ALWAYS_NAMED, fail_fast_on_servers, save_sweep_view
 from .parquet_sink import read_trial
-from .plan import run_config
+from .plan import reached_last_round, run_config
 
 FINAL_CLIENT_COLUMNS = ("client", "round", "participated", "acc", "acc_local", "acc_global", "acc_val", "n_train",
                         "n_val", "n_test", "personal_fraction")
@@ -186,7 +186,7 @@ class MLflowSink(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial, trials)
-        if result.get("done"):
+        if reached_last_round(run_config(trial.config), result):  # not Tune's `done`: also set when stopped early
             self._finished.add(trial.trial_id)
         rnd = int(result.get("round", 0))
         logged = self._logged.get(run_id, 0)
@@ -208,7 +208,11 @@ class MLflowSink(tune.Callback):
         run_id = self._child(trial, trials)
         if run_id:
             self._guard("logging artifacts", self._log_artifacts, run_id, trial)
-            self._guard("closing a trial's run", self.client.set_terminated, run_id, "FINISHED")
+            # a trial the scheduler stopped early did not finish: KILLED, tagged stopped_early
+            finished = trial.trial_id in self._finished
+            if not finished:
+                self._guard("tagging an early-stopped run", self.client.set_tag, run_id, "stopped_early", "true")
+            self._guard("closing a trial's run", self.client.set_terminated, run_id, "FINISHED" if finished else "KILLED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._child(trial, trials)

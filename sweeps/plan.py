@@ -111,6 +111,12 @@ def search_space(base: RunConfig, domains: Mapping[str, Any], columns: Mapping[s
     return space, shown
 
 
+def reached_last_round(config: RunConfig, metrics: Mapping[str, Any]) -> bool:
+    """Whether a trial's last reported result is its final round. Not Tune's `done`: Tune sets
+    `done` on the last result of a trial its scheduler stopped early too."""
+    return metrics.get("round") == config.rounds
+
+
 def run_config(tune_config: Mapping[str, Any]) -> RunConfig:
     """The RunConfig of a trial from its Tune config (grid or search layout, see above)."""
     if "run" not in tune_config.get("trial", tune_config):

@@ -25,6 +25,7 @@ from fl_core.config import DATA_KNOBS, RunConfig
 from fl_core.results import setting_label
 
 from .errors import SweepError
+from .plan import reached_last_round
 from .spec import Range, StudySpec, data_settings, grid_trials, method_trials, search_domains
 
 OBJECTIVE = "objective"   # what every trial reports for selection (see `objective_of`)
@@ -104,9 +105,9 @@ def confirm_stage(spec: StudySpec, winners: list[RunConfig]) -> Stage | None:
 
 def best_completed(results: list[tuple[RunConfig, dict[str, Any]]]) -> RunConfig | None:
     """The select trial to confirm: the highest objective among trials that reported their last
-    round (`done`); ties go to the smaller config hash, so a resumed sweep picks the same one."""
+    round (never one a scheduler stopped early); ties go to the smaller config hash, so a resumed sweep picks the same one."""
     done = [(config, metrics[OBJECTIVE]) for config, metrics in results
-            if metrics.get("done") and metrics.get(OBJECTIVE) == metrics.get(OBJECTIVE)]
+            if reached_last_round(config, metrics) and metrics.get(OBJECTIVE) == metrics.get(OBJECTIVE)]
     if not done:
         return None
     return min(done, key=lambda pair: (-pair[1], pair[0].config_hash()))[0]

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_core.config import ConfigError, RunConfig, add_run_arguments
+from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
 
+from . import resources
 from .errors import SweepError
 from .folder import load_args, sweep_folder
 from .plan import SweepPlan, varying_knobs
-from .spec import (SCHEDULERS, SEARCHES, Range, StudySpec, load_spec, resolved, with_overrides)
+from .spec import SCHEDULERS, SEARCHES, Range, StudySpec, load_spec, resolved, with_overrides
 from .stages import plan_stages
 
 NOT_FLAGS = ("algorithm", "device", "threads", "seed")   # seeds: --seeds
@@ -156,12 +157,11 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
 
 
 def _all_knobs() -> tuple[str, ...]:
-    from fl_core.config import COMMON_KNOBS, knob_owners
     return (*COMMON_KNOBS, *knob_owners())
 
 
 def given_knobs(args: argparse.Namespace) -> dict[str, Any]:
-    from fl_core.config import COMMON_KNOBS, knob_owners
+    """The knob flags given on the command line (the others are absent: the file holds them)."""
     return {k: v for k, v in vars(args).items() if k in COMMON_KNOBS or k in knob_owners()}
 
 
@@ -195,10 +195,6 @@ def run_study(study: Study, argv: list[str] | None = None) -> int:
 def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float | str]:
     """Check the flags and the study file and build every trial's config (raises before any data,
     Ray or file)."""
-    from . import resources
-    from .spec import parse_spec
-    import tomllib
-
     name = load_spec(study.spec).name
     folder = sweep_folder(name, args)
     if args.resume:
@@ -208,7 +204,7 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
             raise SweepError(f"--resume continues {folder.name} as it was planned (its study.toml); "
                              f"--{extra[0].replace('_', '-')} cannot change it; start a new sweep instead")
         args = load_args(folder, args, RUNTIME)
-        spec = parse_spec(tomllib.loads((folder / "study.toml").read_text()), str(folder / "study.toml"))
+        spec = load_spec(folder / "study.toml")
     else:
         spec = resolved(study_spec(study, args))
     gpus = resources.parse_gpus(args.gpus_per_trial)

@@ -30,7 +30,7 @@ from ray import tune
 from fl_core.results import trial_row, write_parquet
 
 from .parquet_sink import read_trial
-from .plan import SweepPlan, run_config
+from .plan import SweepPlan, reached_last_round, run_config
 from .stages import objective_of
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
@@ -66,7 +66,8 @@ def trials_table(plan: SweepPlan, ran=(), interrupted: bool = False, selected: s
             run = run_config(config)
             rounds = read_trial(plan.folder, run.config_hash())
             metrics = result.metrics or {}
-            status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted)
+            status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted,
+                                  reached_last_round(run, metrics))
             rows[run.config_hash()] = _row(plan, run, rounds, status, metrics, result.error, _stage_of(config))
             count += len(rounds)
     planned = [(kind, run) for stage in plan.stages if not stage.searched for kind, run in stage.configs]
@@ -92,10 +93,10 @@ def _stage_of(config: dict) -> str | None:
     return config.get("trial", config).get("stage")
 
 
-def _tune_status(metrics: dict, error, status_then: str | None, rows: int, interrupted: bool) -> str:
+def _tune_status(metrics: dict, error, status_then: str | None, rows: int, interrupted: bool, last: bool) -> str:
     if error is not None:
         return "ERROR"
-    if metrics.get("done"):
+    if last:  # its final round (Tune's own `done` is also set for trials a scheduler stopped)
         return "COMPLETED"
     if not metrics:
         return "INTERRUPTED" if rows else "NOT_STARTED"  # rows: it ran before an earlier interrupt

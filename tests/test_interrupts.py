@@ -30,7 +30,7 @@ from sweeps.study import build_parser, plan_sweep, run_study
 from sweeps.trials import trials_table
 
 from conftest import REPO
-from sweep_helpers import direct_final_rows, final_rows, mlflow_runs, sweep_args
+from sweep_helpers import STAGED, check_staged, direct_final_rows, final_rows, mlflow_runs, sweep_args
 
 slow = pytest.mark.slow
 CLIENTS = 3  # TINY_SWEEP
@@ -147,14 +147,15 @@ def test_a_signal_raises_waits_or_stops_tune_depending_on_where_the_driver_is():
 class Driver:
     """`sweeps/fedselect_grid.py` in its own process group, output to a log file."""
 
-    def __init__(self, tmp_path: Path, name: str, argv: list[str], pause: str | None = None) -> None:
+    def __init__(self, tmp_path: Path, name: str, argv: list[str], pause: str | None = None,
+                 script: str = "sweeps/fedselect_grid.py") -> None:
         self.log = tmp_path / f"{name}.log"
         self.folder = tmp_path / name
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         if pause:
             env["SWEEPS_TEST_PAUSE"] = pause
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "sweeps/fedselect_grid.py", *argv], cwd=REPO, env=env,
+            self.proc = subprocess.Popen([sys.executable, script, *argv], cwd=REPO, env=env,
                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
@@ -304,3 +305,24 @@ def test_sigint_while_writing_tables_then_resume_writes_them(ray_cluster, tmp_pa
     assert run_study(STUDY, ["--resume", "tables", "--results", str(tmp_path), "--verbose", "0"]) == 0
     _complete(driver.folder, trials=2, rounds=2)
     assert (driver.folder / "tables" / "methods.tex").stat().st_size > 0
+
+
+@slow
+def test_sigint_during_a_selection_stage_then_resume_finishes_every_stage(ray_cluster, tmp_path, driver_factory):
+    """A staged sweep (ASHA per data setting) stopped while its first select stage runs: the anchors
+    stage is complete, the rest is listed; --resume restores that stage and runs the others."""
+    argv = sweep_args(tmp_path, "staged", *STAGED, "--scheduler", "asha", "--pers-rate", "0.1", "0.25", "0.5",
+                      "--pers-limit", "0.5", "--max-concurrent", "1", "--address", ray_cluster.address, rounds=4)
+    driver = driver_factory(tmp_path, "staged", argv)
+    select = driver.folder / "tune-select-0"
+    driver.wait_for(lambda: select.exists() and len(_round_files(driver.folder)) > 4 * 4,
+                    "the first select stage's rounds")   # 4 anchor trials x 4 rounds are compacted to 4 files
+    driver.ctrl_c()
+    trials = _stopped_cleanly(driver, driver.finish(), tmp_path, "SIGINT")
+    anchors, chosen = trials[trials.stage == "anchor"], trials[trials.stage == "select"]
+    assert len(anchors) == 4 and (anchors.status == "COMPLETED").all()
+    assert len(chosen) == 6 and "COMPLETED" not in set(chosen[chosen.setting == chosen.setting.iloc[-1]].status)
+    assert not (driver.folder / "tune-confirm").exists()
+
+    assert run_study(STUDY, ["--resume", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    check_staged(driver.folder, rounds=4, samples=3)

@@ -125,10 +125,10 @@ def test_selection_stages_anchors_apart_one_per_data_setting_on_the_first_seed()
     for stage, alpha in zip(stages[1:], (0.1, 0.5)):
         assert {(c.seed, c.dir_alpha) for _, c in stage.configs} == {(3, alpha)} and len(stage.configs) == 2
     a, b = (c for _, c in stages[1].configs)
-    stopped_higher = [(a, {"done": False, "objective": 0.99}), (b, {"done": True, "objective": 0.5})]
+    stopped_higher = [(a, {"round": 10, "done": True, "objective": 0.99}), (b, {"round": 20, "objective": 0.5})]  # Tune sets done on stopped trials too
     assert best_completed(stopped_higher) == b                   # an early-stopped trial never wins
-    assert best_completed([(a, {"done": False, "objective": 0.9})]) is None
-    tie = best_completed([(a, {"done": True, "objective": 0.5}), (b, {"done": True, "objective": 0.5})])
+    assert best_completed([(a, {"round": 19, "objective": 0.9})]) is None
+    tie = best_completed([(a, {"round": 20, "objective": 0.5}), (b, {"round": 20, "objective": 0.5})])
     assert tie.config_hash() == min(a.config_hash(), b.config_hash())
     confirm = confirm_stage(spec, [b])
     assert [(kind, c.seed) for kind, c in confirm.configs] == [("confirm", 4), ("confirm", 5)]

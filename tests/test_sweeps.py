@@ -23,7 +23,7 @@ from sweeps.parquet_sink import read_rounds, read_sweep
 from sweeps.study import run_study
 
 from conftest import REPO, tiny
-from sweep_helpers import direct_final_rows, final_rows, mlflow_runs, sweep_args
+from sweep_helpers import STAGED, check_staged, direct_final_rows, final_rows, mlflow_runs, sweep_args
 
 slow = pytest.mark.slow
 
@@ -266,34 +266,6 @@ def test_impossible_resource_requests_fail_fast(ray_cluster, tmp_path, capsys, f
     assert not (tmp_path / "impossible" / "sweep.json").exists()
 
 
-STAGED = ["--partition", "shards", "iid", "--val-fraction", "0.2", "--seeds", "0", "1", "--anchors", "fedavg"]
-
-
-def check_staged(folder, rounds: int, samples: int) -> pd.DataFrame:
-    """What every staged sweep (search or scheduler) must give: per data setting, a select stage on
-    seed 0 (completed or stopped early), the best COMPLETED select trial by validation accuracy
-    confirmed on seed 1, anchors on both seeds to the final round."""
-    trials = pd.read_parquet(folder / "trials.parquet")
-    assert (trials.objective == "acc_val_mean").all()
-    anchors, select, confirm = (trials[trials.stage == kind] for kind in ("anchor", "select", "confirm"))
-    assert len(anchors) == 2 * 2 and (anchors.status == "COMPLETED").all() and (anchors.rounds_done == rounds).all()
-    assert len(select) == 2 * samples and (select.seed == 0).all() and set(select.status) <= {"COMPLETED", "STOPPED"}
-    assert (select.loc[select.status == "STOPPED", "rounds_done"] < rounds).all()
-    assert len(confirm) == 2 and (confirm.seed == 1).all() and (confirm.status == "COMPLETED").all()
-    for setting, rows in select.groupby("setting"):
-        assert rows.partition.nunique() == 1                       # the data are never searched
-        done = rows[rows.status == "COMPLETED"]
-        best = done.sort_values(["acc_val_mean", "config_hash"], ascending=[False, True]).iloc[0]  # ties: smaller hash
-        assert rows.selected.sum() == 1 and rows.loc[rows.selected].config_hash.item() == best.config_hash
-        again = confirm[confirm.setting == setting].iloc[0]
-        assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
-    rows = read_rounds(folder)
-    assert len(rows) == int(trials.rounds_done.sum()) * 3 and not rows.duplicated(["config_hash", "round", "client"]).any()
-    assert {p.name for p in folder.glob("tune-*")} == {"tune-anchors", "tune-select-0", "tune-select-1", "tune-confirm"}
-    assert (folder / "tables" / "search_best.tex").exists() and (folder / "figures" / "search_history.png").exists()
-    return trials
-
-
 @slow
 def test_optuna_with_asha_searches_each_data_setting_on_validation_and_confirms_the_best(ray_cluster, tmp_path):
     argv = sweep_args(tmp_path, "optuna", *STAGED, "--search", "optuna", "--num-samples", "3", "--scheduler", "asha",
@@ -309,11 +281,20 @@ def test_optuna_with_asha_searches_each_data_setting_on_validation_and_confirms_
 
 @slow
 def test_asha_grid_schedules_each_data_setting_apart_and_anchors_run_to_the_end(ray_cluster, tmp_path):
-    argv = sweep_args(tmp_path, "asha", *STAGED, "--scheduler", "asha", "--pers-rate", "0.1", "0.25", "0.5",
-                      "--pers-limit", "0.5", rounds=4)
+    # one trial at a time, the good learning rate first: ASHA must stop the hopeless lr = 1e-4 trials
+    # at its first rung (round 1), and they must be STOPPED there, not COMPLETED (Tune marks them `done`)
+    argv = sweep_args(tmp_path, "asha", *STAGED, "--scheduler", "asha", "--pers-rate", "0.1", "0.5", "--lr", "0.3",
+                      "0.0001", "--pers-limit", "0.5", "--max-concurrent", "1", rounds=4)
     assert run(argv) == 0
-    trials = check_staged(tmp_path / "asha", rounds=4, samples=3)
-    assert sorted(trials[trials.stage == "select"].pers_rate) == [0.1, 0.1, 0.25, 0.25, 0.5, 0.5]
+    trials = check_staged(tmp_path / "asha", rounds=4, samples=4, anchors=2 * 2 * 2)  # common axes reach anchors too
+    select = trials[trials.stage == "select"]
+    assert sorted(select.pers_rate) == [0.1] * 4 + [0.5] * 4
+    assert (select[select.lr == 0.0001].status == "STOPPED").all() and (select[select.lr == 0.0001].rounds_done == 1).all()
+    assert (trials[trials.stage == "confirm"].lr == 0.3).all()
+    _, _, runs = mlflow_runs(tmp_path)
+    stopped = {r.data.tags["config_hash"] for r in runs if r.data.tags.get("stopped_early") == "true"}
+    assert stopped == set(select[select.status == "STOPPED"].config_hash)
+    assert {r.info.status for r in runs if r.data.tags["config_hash"] in stopped} == {"KILLED"}
 
 
 @slow
