@@ -1,4 +1,5 @@
-"""A sweep's stages: which trials run together under which search and scheduler.
+"""A study spec's trials (data settings, axes, their order) and the sweep's stages: which trials
+run together under which search and scheduler.
 
 A plain grid (search kind = grid, scheduler = fifo) is one stage, `tune`: every trial, anchors
 included, run to completion.
@@ -18,15 +19,16 @@ trials (single seed, partly stopped) go to the search's own table and figure.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fl_core.config import DATA_KNOBS, RunConfig
+from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, RunConfig, knob_owners
 from fl_core.results import setting_label
 
 from .errors import SweepError
 from .plan import reached_last_round
-from .spec import Range, StudySpec, data_settings, grid_trials, method_trials, search_domains
+from .spec import Method, Range, StudySpec
 
 OBJECTIVE = "objective"   # what every trial reports for selection (see `objective_of`)
 
@@ -49,6 +51,77 @@ def objective_of(config: RunConfig) -> str:
     return "acc_val_mean" if config.val_fraction > 0 else "acc_mean"
 
 
+# ---------------------------------------------------------------------- a spec's trials
+def _axis(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def data_settings(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every combination of the data knobs' values, `dir_alpha` varied for Dirichlet partitions
+    only and `shards_per_client` for shards only (else their defaults), without repeats."""
+    default = RunConfig()
+    data = {k: _axis(v) for k, v in spec.knobs.items() if k in DATA_KNOBS}
+    names = list(data)
+    settings: list[dict[str, Any]] = []
+    for values in itertools.product(*data.values()):
+        setting = dict(zip(names, values))
+        partition = setting.get("partition", default.partition)
+        if "dir_alpha" in setting and partition not in DIRICHLET_PARTITIONS:
+            setting["dir_alpha"] = default.dir_alpha
+        if "shards_per_client" in setting and partition != "shards":
+            setting["shards_per_client"] = default.shards_per_client
+        if setting not in settings:
+            settings.append(setting)
+    return settings
+
+
+def method_values(spec: StudySpec, method: Method) -> dict[str, Any]:
+    """The non-data knobs of one method's trials: [knobs] entries it has, then its own."""
+    owners = knob_owners()
+    shared = {k: v for k, v in spec.knobs.items() if k not in DATA_KNOBS
+              and (k in COMMON_KNOBS or method.algorithm in owners.get(k, ()))}
+    return shared | method.knobs
+
+
+def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seeds) -> list[dict[str, Any]]:
+    """The flat configs of one method on one data setting: its axes crossed, times `seeds`
+    (ranges are left to the search: their low end stands in, see `search_domains`)."""
+    values = method_values(spec, method)
+    axes = {k: _axis(v) for k, v in values.items()}
+    trials = []
+    for combo in itertools.product(*axes.values()):
+        picked = {k: (v.low if isinstance(v, Range) else v) for k, v in zip(axes, combo)}
+        trials += [setting | picked | {"algorithm": method.algorithm, "seed": s} for s in seeds]
+    return trials
+
+
+def grid_trials(spec: StudySpec, seeds=None, anchors: bool | None = None) -> list[dict[str, Any]]:
+    """Flat configs, ordered data setting, common axes (e.g. local epochs), seed, method, the
+    method's own axes, so that the anchors of a cell run beside its other methods; `anchors`
+    True/False keeps only anchors / only the others."""
+    seeds = list(seeds if seeds is not None else spec.seeds)
+    common = {k: v for k, v in spec.knobs.items() if k in COMMON_KNOBS and k not in DATA_KNOBS and isinstance(v, list)}
+    keyed = []
+    for s, setting in enumerate(data_settings(spec)):
+        for m, method in enumerate(spec.methods):
+            if anchors is not None and method.anchor != anchors:
+                continue
+            for i, trial in enumerate(method_trials(spec, method, setting, seeds)):
+                position = tuple(_index(common[k], trial[k]) for k in common)
+                keyed.append(((s, position, seeds.index(trial["seed"]), m, i), trial))
+    return [trial for _, trial in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def _index(values: list[Any], value: Any) -> int:
+    return values.index(value) if value in values else len(values)
+
+
+def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
+    """For a searched method: knob -> Range or list of choices (its non-data axes)."""
+    return {k: v for k, v in method_values(spec, method).items() if isinstance(v, (Range, list))}
+
+
+# ---------------------------------------------------------------------- stages
 def plan_stages(spec: StudySpec) -> list[Stage]:
     """The stages of a sweep, every config validated (raises ConfigError / SweepError)."""
     if not spec.selects:
