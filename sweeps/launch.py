@@ -1,6 +1,8 @@
 """Start (or resume) a validated sweep (`sweeps.plan.SweepPlan`) on Ray Tune and report where its
-results are: data once per data setting, resources checked against the cluster, the Tuner with
-the MLflow callback, then trials.parquet, a summary, and the study's tables and figures.
+results are: data once per data setting and seed, resources checked against the cluster, one
+Tuner per stage (sweeps/stages.py: a grid is one stage; a search or scheduler runs anchors,
+select stages per data setting, then the confirm stage of their winners), each with the MLflow
+callback; then trials.parquet, a summary, and the study's tables and figures.
 
 Ctrl-C or SIGTERM at any point ends with trials.parquet (every trial, with its status), the
 summary of what finished and the command that resumes the sweep; exit status 130 (SIGINT) or

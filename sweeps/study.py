@@ -97,6 +97,8 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     spec = load_spec(study.spec)
     parser = argparse.ArgumentParser(
         prog=f"python {study.script}", description=spec.description,
+        usage=f"python {study.script} [--KNOB VALUE [VALUE ...]] ... [--seeds S ...] [--search {{grid,optuna}}] "
+              f"[--scheduler {{fifo,asha}}] [--dry-run] [--resume [NAME]] [--name NAME] [--results DIR] [...]",
         epilog=f"The study file is {study.spec}; flags override it. Lists are crossed: data settings x the "
                "common axes x seeds x each method's own axes. A method knob applies to that method's trials only. "
                "With --search optuna or --scheduler asha each (data setting, method) is selected on its own, on "
