@@ -111,8 +111,9 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             if confirm is not None:
                 stages.append(confirm)
     elapsed = time.time() - start
+    finished = ran[:-1] if stopped is not None else ran  # an interrupted select stage has no winner yet
     with guard.hold(then_raise=False):  # the results are written whatever comes now
-        trials, rows = trials_table(plan, ran, interrupted=stopped is not None, selected=set(winners(ran)))
+        trials, rows = trials_table(plan, ran, interrupted=stopped is not None, selected=set(winners(finished)))
         _summary(plan, trials, rows, elapsed, stopped)
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
