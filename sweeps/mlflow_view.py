@@ -127,7 +127,16 @@ def save_sweep_view(client, experiment_id: str, sweep: str, configs: list[Any]) 
         created = int(json.loads(old)["createdAt"]) if old else now
     except (ValueError, KeyError, TypeError):
         created = now
-    state = view_state(sweep, swept_knobs(configs), final_metrics(configs))
+    knobs, metrics = swept_knobs(configs), final_metrics(configs)
+    if old:  # a staged sweep saves its view once per stage: keep the columns earlier stages showed
+        try:
+            shown = read_view(old)["selectedColumns"]
+        except (ValueError, KeyError, TypeError):
+            shown = []
+        knobs = list(dict.fromkeys([*(c[len("params.`"):-1] for c in shown if c.startswith("params.`")), *knobs]))
+        earlier = {c[len("metrics.`"):-1] for c in shown if c.startswith("metrics.`")}
+        metrics = [m for m in FINAL_METRICS if m in earlier or m in metrics]
+    state = view_state(sweep, knobs, metrics)
     value = view_envelope(f"sweep {sweep}", state, created, now)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, value)
     return key

@@ -96,6 +96,8 @@ def test_saved_view_on_the_experiment_and_the_printed_link(tmp_path):
     view.save_sweep_view(client, experiment_id, "grid-1", _grid()[:2])
     again = json.loads(client.get_experiment(experiment_id).tags[view.VIEW_TAG_PREFIX + key])
     assert again["createdAt"] == envelope["createdAt"] and again["updatedAt"] >= envelope["updatedAt"]
+    # a later stage (e.g. a confirm stage varying only the seed) keeps the columns of the earlier ones
+    assert view.read_view(json.dumps(again))["selectedColumns"] == state["selectedColumns"]
 
     _, query = _query(view.sweep_view_url(uri, STUDY, "grid-1"))
     assert query == {"viewStateShareKey": key, "compareRunsMode": "TABLE"}
