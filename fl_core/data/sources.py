@@ -59,6 +59,19 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    # A source made of named domains (feature shift: corruptions, OfficeHome's styles, ...): the
+    # domain names, and each sample's domain index into them (int64, aligned with y_train /
+    # y_test). A single-domain source has no names and None indices.
+    domains: tuple[str, ...] = ()
+    d_train: torch.Tensor | None = None
+    d_test: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.domains:
+            for split, d, y in (("train", self.d_train, self.y_train), ("test", self.d_test, self.y_test)):
+                if d is None or d.shape != y.shape:
+                    raise DataError(f"{self.name}: every {split} sample needs a domain index (got "
+                                    f"{None if d is None else tuple(d.shape)} for {tuple(y.shape)} labels)")
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
