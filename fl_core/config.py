@@ -34,7 +34,7 @@ RESULTS_REVISION = 3
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid")  # as fl_core/data/partition.py
 DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class")  # the partitions dir_alpha applies to
-MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18")
+MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
 DEVICES = ("cpu", "cuda", "auto")
@@ -66,6 +66,10 @@ class RunConfig:
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
     model: str = knob("auto", "model; auto = lenet for 8x8/28x28 inputs, cnn2 for 32x32", choices=MODELS)
+    init_weights: str | None = knob(None, "file with a state dict (torch.save) that initialises the model instead of "
+                                    "the seeded random init, e.g. pretrained weights; loaded with weights_only=True, "
+                                    "its keys and shapes must match the model's. Only the path enters the config "
+                                    "hash, not the file's content; none = random init")
     rounds: int = knob(20, "communication rounds", low=1)
     participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
     eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
@@ -162,8 +166,11 @@ class RunConfig:
 
     def config_hash(self) -> str:
         """Short stable hash of everything that determines the results: the common knobs, the
-        chosen method's knobs (never another method's) and `RESULTS_REVISION`."""
-        blob = json.dumps(self.semantic_dict() | {"results_revision": RESULTS_REVISION}, sort_keys=True).encode()
+        chosen method's knobs (never another method's) and `RESULTS_REVISION`. A knob of
+        `HASHED_WHEN_SET` enters only when it is not None, so adding it left every earlier hash
+        as it was."""
+        values = {k: v for k, v in self.semantic_dict().items() if not (k in HASHED_WHEN_SET and v is None)}
+        blob = json.dumps(values | {"results_revision": RESULTS_REVISION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def data_spec(self) -> dict[str, Any]:
@@ -245,3 +252,6 @@ DATA_KNOBS = tuple(f.name for f in knob_fields(RunConfig) if f.metadata["data"])
 # Knobs that change where or how fast a run happens, not what it computes: left out of the hash,
 # so that the same experiment on a laptop and on a cluster shares one hash.
 NON_SEMANTIC = tuple(f.name for f in knob_fields(RunConfig) if not f.metadata["semantic"])
+# Knobs added after results existed, whose default (None) means what the engine did before they
+# existed: left out of the hash while None, so that earlier runs keep their hashes.
+HASHED_WHEN_SET = ("init_weights",)

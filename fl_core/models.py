@@ -1,4 +1,5 @@
-"""Model registry: small CNNs for fast sweeps and ResNet-18 with either stem.
+"""Model registry: small CNNs for fast sweeps, ResNet-18 with either stem, and models with
+BatchNorm for feature shift (FedBN, PerFedMask).
 
 | name            | what                                                            |
 |-----------------|-----------------------------------------------------------------|
@@ -6,25 +7,45 @@
 | cnn2            | the FedAvg paper's CNN: 2 conv (32, 64) + 512-unit linear; default for 32x32 |
 | resnet18_cifar  | torchvision ResNet-18 with a 3x3 stride-1 stem and no max-pool (CIFAR stem) |
 | resnet18        | torchvision ResNet-18 as is (ImageNet stem: 7x7 stride 2 + max-pool)        |
+| cnn_bn          | cnn2 with BatchNorm after each conv (fast on CPU; 8x8, 28x28, 32x32)          |
+| preresnet18     | pre-activation ResNet-18 of PerFedMask's CIFAR experiments (after HeteroFL) |
+| mobilenet_cifar | MobileNet (v1) for 32x32 inputs, PerFedMask's CIFAR-100 model               |
+
+Every model with BatchNorm keeps running statistics (buffers), so that a method may keep them
+local (FedBN) and evaluation uses them. `load_init_weights` initialises a built model from a
+local state-dict file (the `init_weights` knob; nothing is downloaded).
 
 Parameter groups, defined here once for every method that needs them:
-- head: the classifier (`head` in the small CNNs, `fc` in the ResNets); body: everything else.
+- head: the classifier (`head` in the small CNNs, `fc` in the ResNets, `linear` in the PerFedMask
+  authors' PreResNet-18 and MobileNet); body: everything else.
   FedPer, FedRep, FedBABU and FedPAC personalize or freeze the head; LG-FedAvg keeps the body
   ("lower layers", the local representation) personal and averages the head.
 - blocks A-D, for FedSelect's layer ablation: the four residual stages `layer1`..`layer4` of
-  ResNet-18; for the small CNNs, conv1 (A), conv2 (B), the hidden linear layers (C), the head (D).
+  ResNet-18 and PreResNet-18; for the small CNNs, conv1 (A), conv2 (B), the hidden linear layers
+  (C), the head (D), each conv with its BatchNorm in cnn_bn; for MobileNet, its widths 64-128 (A),
+  256 (B), 512 (C) and 1024 (D). Stems, PreResNet's final BatchNorm and MobileNet's head belong to
+  no block.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .config import ConfigError
 
-HEAD_PREFIX = {"lenet": "head.", "cnn2": "head.", "resnet18_cifar": "fc.", "resnet18": "fc."}
+HEAD_PREFIX = {"lenet": "head.", "cnn2": "head.", "resnet18_cifar": "fc.", "resnet18": "fc.",
+               "cnn_bn": "head.", "preresnet18": "linear.", "mobilenet_cifar": "linear."}
 _SMALL_BLOCKS = {"A": ("features.0.",), "B": ("features.3.",), "C": ("fc.",), "D": ("head.",)}
+_CNN_BN_BLOCKS = {"A": ("features.0.", "features.1."), "B": ("features.4.", "features.5."), "C": ("fc.",),
+                  "D": ("head.",)}
 _RESNET_BLOCKS = {"A": ("layer1.",), "B": ("layer2.",), "C": ("layer3.",), "D": ("layer4.",)}
-BLOCKS = {"lenet": _SMALL_BLOCKS, "cnn2": _SMALL_BLOCKS, "resnet18_cifar": _RESNET_BLOCKS, "resnet18": _RESNET_BLOCKS}
+_MOBILENET_BLOCKS = {b: tuple(f"layers.{i}." for i in idx)
+                     for b, idx in (("A", range(0, 3)), ("B", range(3, 5)), ("C", range(5, 11)), ("D", range(11, 13)))}
+BLOCKS = {"lenet": _SMALL_BLOCKS, "cnn2": _SMALL_BLOCKS, "resnet18_cifar": _RESNET_BLOCKS, "resnet18": _RESNET_BLOCKS,
+          "cnn_bn": _CNN_BN_BLOCKS, "preresnet18": _RESNET_BLOCKS, "mobilenet_cifar": _MOBILENET_BLOCKS}
 
 
 def is_head(model_name: str, param_name: str) -> bool:
@@ -87,6 +108,100 @@ class CNN2(nn.Module):
         return self.head(self.fc(self.features(x)))
 
 
+class CNNBN(nn.Module):
+    """CNN2 (same convolutions, pooling and head) with a BatchNorm2d after each convolution and a
+    256-unit hidden linear layer instead of 512, to stay fast on CPU. Unlike the FedBN paper's
+    digit model, the hidden linear layer has no BatchNorm1d: the trainer's last mini-batch of a
+    pass may hold one sample, on which BatchNorm1d cannot train."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        self.fc = nn.Sequential(nn.Linear(64 * (image_size // 4) ** 2, 256), nn.ReLU())
+        self.head = nn.Linear(256, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fc(self.features(x)))
+
+
+class PreActBlock(nn.Module):
+    """BN-ReLU-conv3x3, BN-ReLU-conv3x3; the 1x1 projection shortcut (where the shape changes)
+    takes the pre-activated input, as in the authors' HeteroFL-derived code."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(in_planes)
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.shortcut = (nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)
+                         if stride != 1 or in_planes != planes else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(x))
+        skip = x if self.shortcut is None else self.shortcut(out)
+        out = self.conv2(F.relu(self.bn2(self.conv1(out))))
+        return out + skip
+
+
+class PreResNet18(nn.Module):
+    """Pre-activation ResNet-18 as PerFedMask uses it on CIFAR (github.com/MehdiSet/PerFedMask,
+    nets/HeteFL/preresne.py, from HeteroFL): a 3x3 stride-1 stem conv without BN, four stages of
+    two pre-activation blocks (64, 128, 256, 512 channels; strides 1, 2, 2, 2), a final BN + ReLU,
+    global average pooling and `linear`. BN weights start at 1, biases and the linear bias at 0.
+    Differences: BN tracks running statistics here (their runs may pass track_running_stats=False)
+    and the width scaler (identity at full width) is left out."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        stages, planes = [], 64
+        for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(PreActBlock(planes, width, stride), PreActBlock(width, width, 1)))
+            planes = width
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.bn4 = nn.BatchNorm2d(512)
+        self.linear = nn.Linear(512, num_classes)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layer4(self.layer3(self.layer2(self.layer1(self.conv1(x)))))
+        out = F.adaptive_avg_pool2d(F.relu(self.bn4(out)), 1).flatten(1)
+        return self.linear(out)
+
+
+class MobileNetCIFAR(nn.Module):
+    """MobileNet v1 for CIFAR, PerFedMask's CIFAR-100 model (nets/Nets.py there): a 3x3 stem with
+    32 channels, then 13 depthwise-separable blocks (depthwise 3x3 + BN + ReLU, pointwise 1x1 + BN
+    + ReLU), global average pooling and `linear`. Their BN layers keep no running statistics;
+    here they do (as every model in this registry, for FedBN)."""
+
+    WIDTHS = (64, (128, 2), 128, (256, 2), 256, (512, 2), 512, 512, 512, 512, 512, (1024, 2), 1024)
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 32, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        layers, planes = [], 32
+        for spec in self.WIDTHS:
+            width, stride = spec if isinstance(spec, tuple) else (spec, 1)
+            layers.append(nn.Sequential(
+                nn.Conv2d(planes, planes, 3, stride=stride, padding=1, groups=planes, bias=False),
+                nn.BatchNorm2d(planes), nn.ReLU(),
+                nn.Conv2d(planes, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()))
+            planes = width
+        self.layers = nn.Sequential(*layers)
+        self.linear = nn.Linear(1024, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
 def _resnet18(in_channels: int, num_classes: int, cifar_stem: bool) -> nn.Module:
     from torchvision.models import resnet18  # local import: torchvision is slow to import
 
@@ -113,4 +228,35 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
         return _resnet18(channels, num_classes, cifar_stem=True)
     if name == "resnet18":
         return _resnet18(channels, num_classes, cifar_stem=False)
+    if name == "cnn_bn":
+        return CNNBN(channels, num_classes, height)
+    if name == "preresnet18":
+        return PreResNet18(channels, num_classes)
+    if name == "mobilenet_cifar":
+        return MobileNetCIFAR(channels, num_classes)
     raise ConfigError(f"model={name!r} is not registered; choose one of {', '.join(HEAD_PREFIX)}")
+
+
+def load_init_weights(model: nn.Module, path: str) -> None:
+    """Initialise `model` from the state dict saved at `path` (the `init_weights` knob), loaded
+    with `weights_only=True`. Every key must match the model's, shapes included; anything else is
+    a ConfigError naming the file and the keys."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"init_weights={path!r}: no such file")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ConfigError(f"init_weights={path!r} could not be read as a state dict: {err}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"init_weights={path!r} does not hold a state dict (a mapping of names to tensors)")
+    own = model.state_dict()
+    missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
+    if missing or unexpected:
+        raise ConfigError(f"init_weights={path!r} does not fit the model: missing keys {missing[:10]}"
+                          f"{' ...' if len(missing) > 10 else ''}, unexpected keys {unexpected[:10]}"
+                          f"{' ...' if len(unexpected) > 10 else ''}")
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(t.shape)}" for k, t in own.items() if state[k].shape != t.shape]
+    if wrong:
+        raise ConfigError(f"init_weights={path!r}: shapes differ from the model's: {', '.join(wrong[:10])}")
+    model.load_state_dict(state, strict=True)

@@ -28,7 +28,7 @@ from .algorithms.base import ClientInfo, Traffic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
-from .models import build_model, resolve_model_name
+from .models import build_model, load_init_weights, resolve_model_name
 from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
 from .algorithms.base import BYTES_PER_ENTRY
@@ -105,6 +105,8 @@ class Simulation:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
+        if config.init_weights is not None and not Path(config.init_weights).expanduser().is_file():
+            raise ConfigError(f"init_weights={config.init_weights!r}: no such file")  # before loading any data
         data = load_data(config) if data is None else data
         if len(data.clients) != config.num_clients:
             raise ConfigError(f"data has {len(data.clients)} clients but num_clients={config.num_clients}")
@@ -115,6 +117,8 @@ class Simulation:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(config.seed, "init"))
             model = build_model(self.model_name, data.input_shape, data.num_classes)
+        if config.init_weights is not None:  # every client and the server start from these weights
+            load_init_weights(model, config.init_weights)
         model.to(self.device)
         sgd = SGDSettings(lr=config.lr, batch_size=config.batch_size, momentum=config.momentum,
                           weight_decay=config.weight_decay)
