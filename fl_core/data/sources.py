@@ -289,28 +289,35 @@ _CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 _CIFAR_TEST = ("test_batch",)
 
 
-def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """One CIFAR-10 python batch -> (uint8 images (n, 3, 32, 32), int64 labels (n,))."""
+def read_cifar_batch(path: str | os.PathLike, label_key: bytes = b"labels",
+                     num_classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR python batch -> (uint8 images (n, 3, 32, 32), int64 labels (n,)).
+
+    CIFAR-10 batches keep their labels under ``b"labels"``; CIFAR-100's ``train``/``test``
+    files are read with ``label_key=b"fine_labels", num_classes=100``.
+    """
     path = Path(path)
+    kind = f"CIFAR-{num_classes}"
     try:
         with open(path, "rb") as f:
             batch = pickle.load(f, encoding="bytes")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except Exception as e:  # unpickling garbage can raise almost anything
-        raise DataError(f"{path}: not a readable CIFAR-10 batch ({type(e).__name__}: {e})") from None
-    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        raise DataError(f"{path}: not a readable {kind} batch ({type(e).__name__}: {e})") from None
+    if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise DataError(f"{path}: expected a dict with keys b'data' and b'labels', got {keys}")
+        raise DataError(f"{path}: expected a dict with keys b'data' and {label_key!r}, got {keys}")
     data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[b"labels"])
+    labels = np.asarray(batch[label_key])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise DataError(f"{path}: b'data' must be uint8 of shape (n, 3072), "
                         f"got {data.dtype} {data.shape}")
     if labels.ndim != 1 or len(labels) != len(data):
         raise DataError(f"{path}: {len(data)} images but labels of shape {labels.shape}")
-    if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise DataError(f"{path}: labels must lie in 0..9, found {labels.min()}..{labels.max()}")
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"{path}: labels must lie in 0..{num_classes - 1}, "
+                        f"found {labels.min()}..{labels.max()}")
     # Rows are channel-major: 1024 red, then 1024 green, then 1024 blue values.
     return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
