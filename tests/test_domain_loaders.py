@@ -84,6 +84,7 @@ def test_cifar10c_label_order_and_resize(tmp_path):
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(corruptions=("fog", "rain")), "'rain'"),
     (dict(severity=6), "severity"),
+    (dict(severity=2.0), "severity"),
     (dict(protocol="iid"), "'iid'"),
 ])
 def test_cifar10c_bad_request(tmp_path, kwargs, needle):

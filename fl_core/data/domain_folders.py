@@ -135,7 +135,7 @@ def _folder_domains(name: str, root, dir_names: Sequence[str], domains: tuple[st
     base = _find_dir(Path(root), dir_names, layout)
     per_domain = [_find_dir(base, aliases.get(d, (d,)), layout) for d in domains]
     files = []
-    for k, ddir in enumerate(per_domain):
+    for ddir in per_domain:
         found = [(p, c.name) for c in sorted(q for q in ddir.iterdir() if q.is_dir())
                  for p in _images_in(c)]
         if not found:

@@ -73,7 +73,7 @@ def cifar10c(root, corruptions: Sequence[str] = FEDL2P_CORRUPTIONS, severity: in
     if bad or not corruptions or len(set(corruptions)) != len(corruptions):
         raise DataError(f"cifar10c: corruptions must be distinct names from "
                         f"{', '.join(CIFAR10C_CORRUPTIONS)}; got {list(corruptions)}")
-    if severity not in range(1, SEVERITIES + 1):
+    if not isinstance(severity, (int, np.integer)) or not 1 <= severity <= SEVERITIES:
         raise DataError(f"cifar10c: severity must be 1..{SEVERITIES}, got {severity!r}")
     if protocol not in CIFAR10C_PROTOCOLS:
         raise DataError(f"cifar10c: unknown protocol {protocol!r}; allowed: "
