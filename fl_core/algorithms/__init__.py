@@ -27,6 +27,7 @@ _IMPLEMENTATIONS = {
     "ditto": ("ditto", "Ditto"),
     "fedpac": ("fedpac", "FedPAC"),
     "lotteryfl": ("lotteryfl", "LotteryFL"),
+    "fedbn": ("fedbn", "FedBN"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 
