@@ -32,8 +32,8 @@ from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, 
 RESULTS_REVISION = 3
 
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
-PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid")  # as fl_core/data/partition.py
-DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class")  # the partitions dir_alpha applies to
+PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid", "domain", "domain_dirichlet")  # fl_core/data
+DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class", "domain_dirichlet")  # the partitions dir_alpha applies to
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
@@ -52,7 +52,10 @@ class RunConfig:
                           "each; dirichlet = the papers' split (Hsu et al. 2019, FedL2P, DisPFL): equal client sizes, "
                           "each client's class mix ~ Dir(dir_alpha); dirichlet_class = per class, shares over clients "
                           "~ Dir(dir_alpha), sizes vary (Yurochkin et al. 2019 / Wang et al. 2020); iid = even random "
-                          "split. Test sets follow each client's train label mix (fl_core/data/partition.py)",
+                          "split; for sources made of domains: domain = one client per domain, domain_dirichlet = "
+                          "num_clients/#domains clients per domain, each domain split as dirichlet. Test sets follow "
+                          "each client's train label mix, within its domain (fl_core/data/partition.py, "
+                          "domain_partition.py)",
                           choices=PARTITIONS, data=True)
     shards_per_client: int = knob(2, "shards: distinct classes per client", low=1, data=True)
     dir_alpha: float = knob(0.5, "dirichlet, dirichlet_class: concentration of the Dirichlet split (small = skewed)", low=0, low_open=True, data=True)
@@ -62,6 +65,8 @@ class RunConfig:
                                                "set follows its train label mix", low=1, data=True)
     min_samples: int = knob(10, "dirichlet, dirichlet_class: minimum training samples per client (dirichlet: of the "
                                 "equal size before samples_per_client)", low=1, data=True)
+    equal_domains: bool = knob(False, "domain, domain_dirichlet: first cut every domain's train set to the "
+                                      "smallest domain's size (FedL2P)", data=True, added=True)
     val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split (selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
@@ -69,7 +74,7 @@ class RunConfig:
     init_weights: str | None = knob(None, "file with a state dict (torch.save) that initialises the model instead of "
                                     "the seeded random init, e.g. pretrained weights; loaded with weights_only=True, "
                                     "its keys and shapes must match the model's. Only the path enters the config "
-                                    "hash, not the file's content; none = random init")
+                                    "hash, not the file's content; none = random init", added=True)
     rounds: int = knob(20, "communication rounds", low=1)
     participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
     eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
@@ -167,9 +172,9 @@ class RunConfig:
     def config_hash(self) -> str:
         """Short stable hash of everything that determines the results: the common knobs, the
         chosen method's knobs (never another method's) and `RESULTS_REVISION`. A knob of
-        `HASHED_WHEN_SET` enters only when it is not None, so adding it left every earlier hash
-        as it was."""
-        values = {k: v for k, v in self.semantic_dict().items() if not (k in HASHED_WHEN_SET and v is None)}
+        added later (`ADDED_KNOBS`) enters only when it is not at its default, so adding it left
+        every earlier hash as it was."""
+        values = {k: v for k, v in self.semantic_dict().items() if not (k in ADDED_KNOBS and v == ADDED_KNOBS[k])}
         blob = json.dumps(values | {"results_revision": RESULTS_REVISION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -252,6 +257,6 @@ DATA_KNOBS = tuple(f.name for f in knob_fields(RunConfig) if f.metadata["data"])
 # Knobs that change where or how fast a run happens, not what it computes: left out of the hash,
 # so that the same experiment on a laptop and on a cluster shares one hash.
 NON_SEMANTIC = tuple(f.name for f in knob_fields(RunConfig) if not f.metadata["semantic"])
-# Knobs added after results existed, whose default (None) means what the engine did before they
-# existed: left out of the hash while None, so that earlier runs keep their hashes.
-HASHED_WHEN_SET = ("init_weights",)
+# Knobs added after results were first stored (`knob(added=True)`), with their defaults: left out
+# of the config hash while at them, so that adding a knob never moves an earlier run's hash.
+ADDED_KNOBS = {f.name: f.default for f in knob_fields(RunConfig) if f.metadata.get("added")}

@@ -22,16 +22,18 @@ class ConfigError(ValueError):
 
 def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
          high: float | None = None, low_open: bool = False, high_open: bool = False, data: bool = False,
-         semantic: bool = True) -> Any:
+         semantic: bool = True, added: bool = False) -> Any:
     """A dataclass field with its help and what is allowed.
 
     `low`/`high` bound numbers (closed unless `low_open`/`high_open`); `None` is allowed only when
     the type says so. `data=True` marks a knob that decides the client data (the data spec);
     `semantic=False` one that changes where or how fast a run happens, not what it computes (left
-    out of the config hash, the Parquet rows and the MLflow params).
+    out of the config hash, the Parquet rows and the MLflow params). `added=True` marks a knob
+    added after results were first stored: while it keeps its default it stays out of the config
+    hash, so the hashes of every earlier run (and the sweeps that can resume them) do not move.
     """
     metadata = dict(help=help, choices=choices, low=low, high=high, low_open=low_open, high_open=high_open,
-                    data=data, semantic=semantic)
+                    data=data, semantic=semantic, added=added)
     return field(default=default, metadata=metadata)
 
 

@@ -145,7 +145,8 @@ KNOB_SYMBOLS = {"pers_rate": "p", "pers_limit": "α", "ditto_lambda": "λ", "fed
 
 def setting_label(values: Mapping[str, Any]) -> str:
     """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`,
-    `digits, Dir(0.1) by class` (the `dirichlet_class` partition)."""
+    `digits, Dir(0.1) by class` (the `dirichlet_class` partition), `mnist_c, a client per domain`,
+    `mnist_c, Dir(0.5) per domain`."""
     partition = values["partition"]
     if partition == "shards":
         split = f"{int(values['shards_per_client'])} shards"
@@ -153,6 +154,10 @@ def setting_label(values: Mapping[str, Any]) -> str:
         split = f"Dir({float(values['dir_alpha']):g})"
     elif partition == "dirichlet_class":  # the per-class scheme: named apart from the papers' Dir(α)
         split = f"Dir({float(values['dir_alpha']):g}) by class"
+    elif partition == "domain":
+        split = "a client per domain"
+    elif partition == "domain_dirichlet":
+        split = f"Dir({float(values['dir_alpha']):g}) per domain"
     else:
         split = str(partition)
     return f"{values['dataset']}, {split}"
@@ -217,10 +222,15 @@ def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any
 def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
     """One row per client: its realised train, validation and test label histograms."""
     base = config_columns(config) | context
-    return [base | {"client": k, "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
+    rows = [base | {"client": k, "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
                     "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
                     "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
             for k in range(len(data.clients))]
+    if getattr(data, "domain_hist", None) is not None:  # feature shift: the client's domain, its (domain, label) counts
+        for k, row in enumerate(rows):
+            row["domain"] = data.client_domain(k) or "mixed"
+            row["train_domain_label_hist"] = data.domain_hist[k].reshape(-1).tolist()  # domain-major, num_classes each
+    return rows
 
 
 def mask_rows(config, masks: Sequence[Mapping[str, Any] | None]) -> list[dict[str, Any]]:

@@ -93,3 +93,49 @@ def test_a_source_without_domains_is_refused():
     y = np.zeros(10, dtype=int)
     with pytest.raises(DataError, match="needs a source made of domains"):
         domain_partition(y, y, y, y, scheme="domain", num_clients=1, num_domains=0, seed=0, num_classes=C)
+
+
+def test_build_federated_data_gives_each_client_its_domain_and_records_the_domain_label_counts(monkeypatch):
+    """A three-domain source (the synthetic images shifted by +0, +1, +2) through the data path."""
+    import torch
+
+    from fl_core.data import federated
+    from fl_core.data.sources import Dataset, load_source
+
+    base = load_source("synthetic")
+    def three(x, y):
+        return torch.cat([x + d for d in range(D)]), torch.cat([y] * D), torch.arange(D).repeat_interleave(len(y))
+    x_tr, y_tr, d_tr = three(base.x_train, base.y_train)
+    x_te, y_te, d_te = three(base.x_test, base.y_test)
+    shifted = Dataset("shifted", x_tr, y_tr, x_te, y_te, base.num_classes, ("a", "b", "c"), d_tr, d_te)
+    monkeypatch.setattr(federated, "load_source", lambda *a, **k: shifted)
+    data = federated.build_federated_data(dataset="shifted", num_clients=2 * D, partition="domain_dirichlet", seed=0,
+                                          dir_alpha=1.0, val_fraction=0.2)
+    assert [data.client_domain(k) for k in range(2 * D)] == ["a", "a", "b", "b", "c", "c"]
+    for k, client in enumerate(data.clients):
+        shift = "abc".index(data.client_domain(k))
+        for x in (client.x_train, client.x_val, client.x_test):   # train, validation and test: its own domain
+            assert torch.allclose(x.mean(), base.x_train.mean() + shift, atol=0.5)
+        assert data.domain_hist[k].sum() == client.n_train and data.domain_hist[k, shift].sum() == client.n_train
+    np.testing.assert_array_equal(data.domain_hist.sum(axis=1), data.train_hist)
+    pooled = federated.build_federated_data(dataset="shifted", num_clients=4, partition="iid", seed=0)
+    assert {pooled.client_domain(k) for k in range(4)} == {None}                 # label partitions mix domains
+    with pytest.raises(DataError, match="needs a source made of domains; 'synthetic' has none"):
+        monkeypatch.setattr(federated, "load_source", lambda *a, **k: base)
+        federated.build_federated_data(dataset="synthetic", num_clients=2, partition="domain", seed=0)
+
+
+def test_domain_settings_have_their_own_labels():
+    from fl_core.results import setting_label
+    assert setting_label({"dataset": "mnist_c", "partition": "domain", "dir_alpha": 0.5}) == "mnist_c, a client per domain"
+    assert setting_label({"dataset": "mnist_c", "partition": "domain_dirichlet", "dir_alpha": 0.1}) == \
+        "mnist_c, Dir(0.1) per domain"
+
+
+def test_equal_domains_is_a_data_knob_that_moves_no_earlier_hash():
+    from fl_core.config import DATA_KNOBS, DIRICHLET_PARTITIONS, RunConfig
+    assert "equal_domains" in DATA_KNOBS and "domain_dirichlet" in DIRICHLET_PARTITIONS
+    plain = RunConfig(algorithm="fedavg")
+    assert plain.config_hash() == "0a25d3dd1866"          # FedAvg's default hash before the knob existed
+    assert RunConfig(algorithm="fedavg", equal_domains=True).config_hash() != plain.config_hash()
+    assert RunConfig(algorithm="fedavg", equal_domains=True).data_key() != plain.data_key()

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .domain_partition import DOMAIN_PARTITIONS, domain_partition
 from .partition import partition as make_partition
-from .sources import load_source
+from .sources import DataError, load_source
 
 
 @dataclass
@@ -66,15 +67,27 @@ class FederatedData:
     train_hist: np.ndarray  # (num_clients, num_classes) int64 train label counts (validation excluded)
     test_hist: np.ndarray  # (num_clients, num_classes) int64 test label counts
     val_hist: np.ndarray | None = None  # (num_clients, num_classes) int64 validation label counts
+    # A source made of domains: their names and each client's (domain, label) train counts,
+    # (num_clients, num_domains, num_classes); None for a single-domain source.
+    domains: tuple[str, ...] = ()
+    domain_hist: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.val_hist is None:
             self.val_hist = np.zeros_like(self.train_hist)
 
+    def client_domain(self, k: int) -> str | None:
+        """The domain client k trains on; None without domains or when its data mix several."""
+        if self.domain_hist is None:
+            return None
+        held = np.flatnonzero(self.domain_hist[k].sum(axis=1))
+        return self.domains[int(held[0])] if len(held) == 1 else None
+
     def to(self, device) -> "FederatedData":
         """A copy with every client's tensors on ``device`` (histograms are shared)."""
         return FederatedData([c.to(device) for c in self.clients], self.num_classes,
-                             self.input_shape, self.train_hist, self.test_hist, self.val_hist)
+                             self.input_shape, self.train_hist, self.test_hist, self.val_hist,
+                             self.domains, self.domain_hist)
 
 
 def load_data(config) -> FederatedData:
@@ -97,19 +110,30 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
                          samples_per_client: int | None = None,
                          test_samples_per_client: int | None = None,
                          min_samples: int = 10, val_fraction: float = 0.0, data_root=None,
-                         download: bool = False) -> FederatedData:
+                         download: bool = False, equal_domains: bool = False) -> FederatedData:
     """Load ``dataset``, split it with scheme ``partition`` and return per-client tensors.
 
     With ``val_fraction`` > 0 each client's training indices (after partition and caps) are split
-    once more into train and validation (`split_validation`); with 0 nothing changes.
+    once more into train and validation (`split_validation`); with 0 nothing changes. A source
+    made of domains takes the domain partitions (`domain_partition.py`: each client one domain)
+    or any label partition of its pooled samples (clients then mix domains).
     """
     data = load_source(dataset, data_root=data_root, download=download)
     y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
-    splits = make_partition(
-        y_train, y_test, scheme=partition, num_clients=num_clients, seed=seed,
-        num_classes=data.num_classes, shards_per_client=shards_per_client,
-        dir_alpha=dir_alpha, samples_per_client=samples_per_client,
-        test_samples_per_client=test_samples_per_client, min_samples=min_samples)
+    if partition in DOMAIN_PARTITIONS:
+        if not data.domains:
+            raise DataError(f"partition={partition!r} needs a source made of domains; {dataset!r} has none")
+        splits = domain_partition(
+            y_train, y_test, data.d_train.numpy(), data.d_test.numpy(), scheme=partition, num_clients=num_clients,
+            num_domains=len(data.domains), seed=seed, num_classes=data.num_classes, dir_alpha=dir_alpha,
+            samples_per_client=samples_per_client, test_samples_per_client=test_samples_per_client,
+            min_samples=min_samples, equalize_domains=equal_domains)
+    else:
+        splits = make_partition(
+            y_train, y_test, scheme=partition, num_clients=num_clients, seed=seed,
+            num_classes=data.num_classes, shards_per_client=shards_per_client,
+            dir_alpha=dir_alpha, samples_per_client=samples_per_client,
+            test_samples_per_client=test_samples_per_client, min_samples=min_samples)
 
     clients, train_idx, val_idx = [], [], []
     for k, split in enumerate(splits):
@@ -127,5 +151,11 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
     def hist(y, indices):
         return np.stack([np.bincount(y[i], minlength=data.num_classes) for i in indices]).astype(np.int64)
 
+    domain_hist = None
+    if data.domains:  # (domain, label) train counts per client
+        joint = data.d_train.numpy() * data.num_classes + y_train
+        size = len(data.domains) * data.num_classes
+        domain_hist = np.stack([np.bincount(joint[i], minlength=size) for i in train_idx]).astype(np.int64)
+        domain_hist = domain_hist.reshape(len(splits), len(data.domains), data.num_classes)
     return FederatedData(clients, data.num_classes, data.input_shape, hist(y_train, train_idx),
-                         hist(y_test, [s.test for s in splits]), hist(y_train, val_idx))
+                         hist(y_test, [s.test for s in splits]), hist(y_train, val_idx), data.domains, domain_hist)
