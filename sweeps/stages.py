@@ -95,11 +95,12 @@ def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seed
     return trials
 
 
-def grid_trials(spec: StudySpec, seeds=None, anchors: bool | None = None) -> list[dict[str, Any]]:
-    """Flat configs, ordered data setting, common axes (e.g. local epochs), seed, method, the
-    method's own axes, so that the anchors of a cell run beside its other methods; `anchors`
+def grid_trials(spec: StudySpec, anchors: bool | None = None) -> list[tuple[str, RunConfig]]:
+    """(stage, validated config) of every trial: "anchor" for an anchor entry's trials, else
+    "grid"; ordered data setting, common axes (e.g. local epochs), seed, method, the method's
+    own axes, so that the anchors of a cell run beside its other methods; `anchors`
     True/False keeps only anchors / only the others."""
-    seeds = list(seeds if seeds is not None else spec.seeds)
+    seeds = list(spec.seeds)
     common = {k: v for k, v in spec.knobs.items() if k in COMMON_KNOBS and k not in DATA_KNOBS and isinstance(v, list)}
     keyed = []
     for s, setting in enumerate(data_settings(spec)):
@@ -108,8 +109,9 @@ def grid_trials(spec: StudySpec, seeds=None, anchors: bool | None = None) -> lis
                 continue
             for i, trial in enumerate(method_trials(spec, method, setting, seeds)):
                 position = tuple(_index(common[k], trial[k]) for k in common)
-                keyed.append(((s, position, seeds.index(trial["seed"]), m, i), trial))
-    return [trial for _, trial in sorted(keyed, key=lambda pair: pair[0])]
+                kind = "anchor" if method.anchor else "grid"
+                keyed.append(((s, position, seeds.index(trial["seed"]), m, i), (kind, trial)))
+    return [(kind, RunConfig.from_dict(trial)) for _, (kind, trial) in sorted(keyed, key=lambda pair: pair[0])]
 
 
 def _index(values: list[Any], value: Any) -> int:
@@ -125,12 +127,11 @@ def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
 def plan_stages(spec: StudySpec) -> list[Stage]:
     """The stages of a sweep, every config validated (raises ConfigError / SweepError)."""
     if not spec.selects:
-        trials = [("anchor" if _is_anchor(spec, t) else "grid", RunConfig.from_dict(t)) for t in grid_trials(spec)]
-        return [Stage("tune", "grid", tuple(trials))]
+        return [Stage("tune", "grid", tuple(grid_trials(spec)))]
     stages = []
     anchors = grid_trials(spec, anchors=True)
     if anchors:
-        stages.append(Stage("tune-anchors", "anchor", tuple(("anchor", RunConfig.from_dict(t)) for t in anchors)))
+        stages.append(Stage("tune-anchors", "anchor", tuple(anchors)))
     first = spec.seeds[:1]
     index = 0
     for setting in data_settings(spec):
@@ -152,11 +153,6 @@ def plan_stages(spec: StudySpec) -> list[Stage]:
                 stages.append(Stage(f"tune-select-{index}", "select", tuple(("select", c) for c in trials), {}, group))
             index += 1
     return stages
-
-
-def _is_anchor(spec: StudySpec, trial: dict[str, Any]) -> bool:
-    return any(m.anchor and m.algorithm == trial["algorithm"] for m in spec.methods) and not any(
-        not m.anchor and m.algorithm == trial["algorithm"] for m in spec.methods)
 
 
 def _check_domains(base: RunConfig, domains: dict[str, Any]) -> None:
