@@ -19,7 +19,9 @@ then deletes the journal files. The same call runs on the resume path of a trial
 it is finished, so a crash anywhere in between is repaired on the next attempt:
   - crash before the compacted file is renamed into place: journal only, compaction redone;
   - crash after, before the journal files are deleted: readers take the compacted file and ignore
-    that hash's journal files; the next call deletes them.
+    that hash's journal files; the next call deletes them;
+  - a worker killed in the middle of writing a round leaves a temp file (`.<hash>-r<round>...tmp`):
+    readers never list it, and compaction deletes it with the journal.
 A compacted file is only written for a trial whose state is final, so no later run of that trial
 writes journal files again (trials stopped early by a scheduler keep their journal files).
 
@@ -82,6 +84,8 @@ def compact_trial(sweep_dir: Path, config_hash: str, rounds: int) -> Path | None
             return target if target.exists() else None
         write_parquet(pd.concat(frames, ignore_index=True), target)
     for path in journal.values():
+        path.unlink(missing_ok=True)
+    for path in target.parent.glob(f".{config_hash}-r*.tmp"):  # a write cut short by a kill
         path.unlink(missing_ok=True)
     return target
 

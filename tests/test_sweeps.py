@@ -76,8 +76,10 @@ def test_compaction_is_repaired_after_a_crash_at_any_point(tmp_path, trial_round
     sink.write_parquet(pd.concat(frames, ignore_index=True), sink.trial_path(tmp_path, key))
     # ... and a stale journal file of that hash with wrong numbers: ignored by readers
     sink.write_round(tmp_path, key, 2, frames[1].assign(acc=-1.0))
+    # ... and a round write cut short by a SIGKILL: its temp file, never read
+    (tmp_path / "rounds" / f".{key}-r0003.parquet.0f3c.tmp").write_bytes(b"partial")
     pd.testing.assert_frame_equal(read_rounds(tmp_path), expected)
-    assert sink.compact_trial(tmp_path, key, 3) is not None        # the resume path cleans up
+    assert sink.compact_trial(tmp_path, key, 3) is not None        # the resume path cleans up both
     assert [p.name for p in (tmp_path / "rounds").iterdir()] == [f"{key}.parquet"]
     pd.testing.assert_frame_equal(read_rounds(tmp_path), expected)
     # a leftover temp file (crash during a write) is never read
@@ -232,7 +234,8 @@ def test_interrupted_sweep_resumes_without_missing_or_duplicated_rows(ray_cluste
     rounds = read_rounds(folder)
     assert len(rounds) == 4 * 8 * 3
     assert not rounds.duplicated(["config_hash", "round", "client"]).any()
-    assert all("-r" not in p.name for p in (folder / "rounds").iterdir())  # every trial compacted
+    left = sorted(p.name for p in (folder / "rounds").iterdir() if "-r" in p.name)
+    assert not left, f"every trial compacted, its journal and temp files gone: {left}"
     pd.testing.assert_frame_equal(final_rows(rounds), direct_final_rows(trials))
     client, parents, children = mlflow_runs(tmp_path)
     assert len(parents) == 1 and len(children) == 4  # resumed trials kept their runs
