@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .algorithms import ALGORITHMS, params_class
+from .data.catalog import DOMAINNET_CLASSES, SOURCES, check_options, source_domains
+from .data.sources import DataError
 from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
@@ -31,9 +33,11 @@ from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, 
 # upload under the training mask, the baselines' protocols from their authors).
 RESULTS_REVISION = 3
 
-DATASETS = ("digits", "mnist", "cifar10", "synthetic")
+DATASETS = SOURCES  # fl_core/data/catalog.py: what each is, its domains and options
 PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid", "domain", "domain_dirichlet")  # fl_core/data
 DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class", "domain_dirichlet")  # the partitions dir_alpha applies to
+DOMAIN_PARTITIONS = ("domain", "domain_dirichlet")
+SOURCE_OPTIONS = ("corruptions", "severity", "image_size", "domainnet_classes")  # knobs of some sources only
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
@@ -46,7 +50,19 @@ __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS
 class RunConfig:
     algorithm: str = knob("fedselect", "federated algorithm", choices=ALGORITHMS)
     # ---- data (these knobs are the data spec: `data_spec()`)
-    dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline)", choices=DATASETS, data=True)
+    dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline); mnist_c/digits_c: "
+                        "MNIST/digits under corruptions, one domain each (the offline feature-shift benchmark); "
+                        "the papers' cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet "
+                        "read their files under data_root (fl_core/data/catalog.py)", choices=DATASETS, data=True)
+    corruptions: str = knob("", "mnist_c, digits_c, cifar10c: comma-separated corruption names, one domain each "
+                            "(mnist_c/digits_c also take clean); empty = the source's default (mnist_c/digits_c: "
+                            "gaussian_noise,motion_blur,fog,contrast; cifar10c: FedL2P's ten)", data=True, added=True)
+    severity: int = knob(3, "mnist_c, digits_c, cifar10c: corruption severity", low=1, high=5, data=True, added=True)
+    image_size: int | None = knob(None, "cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet: "
+                                  "images resized to this side; none = 32 (mini_imagenet 84)", low=8, data=True,
+                                  added=True)
+    domainnet_classes: str = knob("top10", "domainnet: top10 = FedBN's ten classes (as FedL2P), all = 345",
+                                  choices=DOMAINNET_CLASSES, data=True, added=True)
     num_clients: int = knob(10, "number of clients", low=1, data=True)
     partition: str = knob("shards", "how the training data is split over clients: shards = shards_per_client classes "
                           "each; dirichlet = the papers' split (Hsu et al. 2019, FedL2P, DisPFL): equal client sizes, "
@@ -123,6 +139,22 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         check_fields(self)
+        try:  # the source's options and the domain partitions, before any data is read
+            check_options(self.dataset, **{k: getattr(self, k) for k in SOURCE_OPTIONS})
+        except DataError as err:
+            raise ConfigError(str(err)) from None
+        if self.partition in DOMAIN_PARTITIONS:
+            domains = source_domains(self.dataset, self.corruptions)
+            if not domains:
+                raise ConfigError(f"partition={self.partition!r} needs a dataset made of domains (one of "
+                                  f"{', '.join(d for d in SOURCES if source_domains(d))}); {self.dataset!r} has none")
+            if self.partition == "domain" and self.num_clients != len(domains):
+                raise ConfigError(f"partition='domain' gives one client per domain: num_clients={self.num_clients} "
+                                  f"must be {len(domains)} ({', '.join(domains)})")
+            if self.partition == "domain_dirichlet" and self.num_clients % len(domains):
+                raise ConfigError(f"partition='domain_dirichlet' gives each of the {len(domains)} domains of "
+                                  f"{self.dataset} the same number of clients: num_clients={self.num_clients} "
+                                  f"must be a multiple of {len(domains)}")
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")

@@ -23,7 +23,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, RunConfig, knob_owners
+from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, SOURCE_OPTIONS, RunConfig, knob_owners
+from fl_core.data.catalog import OPTIONS, source_domains
 from fl_core.results import setting_label
 
 from .errors import SweepError
@@ -57,8 +58,11 @@ def _axis(value: Any) -> list[Any]:
 
 
 def data_settings(spec: StudySpec) -> list[dict[str, Any]]:
-    """Every combination of the data knobs' values, `dir_alpha` varied for Dirichlet partitions
-    only and `shards_per_client` for shards only (else their defaults), without repeats."""
+    """Every combination of the data knobs' values, without repeats, where a knob only varies
+    where it applies (elsewhere it keeps its default): `dir_alpha` for Dirichlet partitions,
+    `shards_per_client` for shards, a source option (`corruptions`, `severity`, ...) for the
+    datasets that take it. Under `partition = "domain"` (one client per domain) `num_clients` is
+    the dataset's number of domains."""
     default = RunConfig()
     data = {k: _axis(v) for k, v in spec.knobs.items() if k in DATA_KNOBS}
     names = list(data)
@@ -66,10 +70,16 @@ def data_settings(spec: StudySpec) -> list[dict[str, Any]]:
     for values in itertools.product(*data.values()):
         setting = dict(zip(names, values))
         partition = setting.get("partition", default.partition)
+        dataset = setting.get("dataset", default.dataset)
         if "dir_alpha" in setting and partition not in DIRICHLET_PARTITIONS:
             setting["dir_alpha"] = default.dir_alpha
         if "shards_per_client" in setting and partition != "shards":
             setting["shards_per_client"] = default.shards_per_client
+        for option in SOURCE_OPTIONS:
+            if option in setting and dataset not in OPTIONS[option][0]:
+                setting[option] = getattr(default, option)
+        if partition == "domain":
+            setting["num_clients"] = len(source_domains(dataset, setting.get("corruptions", default.corruptions)))
         if setting not in settings:
             settings.append(setting)
     return settings

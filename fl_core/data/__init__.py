@@ -2,9 +2,10 @@
 
 from .federated import ClientData, FederatedData, build_federated_data, load_data
 from .partition import PARTITIONS, ClientSplit, partition
-from .sources import SOURCES, DataError, Dataset, input_shape_of, load_source
+from .catalog import SOURCES, input_shape_of, load_source, source_domains
+from .sources import DataError, Dataset
 
 __all__ = [
-    "SOURCES", "PARTITIONS", "DataError", "Dataset", "load_source", "input_shape_of",
+    "SOURCES", "PARTITIONS", "DataError", "Dataset", "load_source", "input_shape_of", "source_domains",
     "ClientSplit", "partition", "ClientData", "FederatedData", "build_federated_data", "load_data",
 ]

@@ -19,7 +19,8 @@ import torch
 
 from .domain_partition import DOMAIN_PARTITIONS, domain_partition
 from .partition import partition as make_partition
-from .sources import DataError, load_source
+from .catalog import load_source
+from .sources import DataError
 
 
 @dataclass
@@ -110,15 +111,20 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
                          samples_per_client: int | None = None,
                          test_samples_per_client: int | None = None,
                          min_samples: int = 10, val_fraction: float = 0.0, data_root=None,
-                         download: bool = False, equal_domains: bool = False) -> FederatedData:
+                         download: bool = False, equal_domains: bool = False, corruptions: str = "",
+                         severity: int = 3, image_size: int | None = None,
+                         domainnet_classes: str = "top10") -> FederatedData:
     """Load ``dataset``, split it with scheme ``partition`` and return per-client tensors.
 
     With ``val_fraction`` > 0 each client's training indices (after partition and caps) are split
     once more into train and validation (`split_validation`); with 0 nothing changes. A source
     made of domains takes the domain partitions (`domain_partition.py`: each client one domain)
-    or any label partition of its pooled samples (clients then mix domains).
+    or any label partition of its pooled samples (clients then mix domains). The source options
+    (`corruptions`, `severity`, `image_size`, `domainnet_classes`) are those of
+    `fl_core.data.catalog`.
     """
-    data = load_source(dataset, data_root=data_root, download=download)
+    data = load_source(dataset, data_root=data_root, download=download, corruptions=corruptions,
+                       severity=severity, image_size=image_size, domainnet_classes=domainnet_classes)
     y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
     if partition in DOMAIN_PARTITIONS:
         if not data.domains:

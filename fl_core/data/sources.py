@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCES = ("digits", "mnist", "cifar10", "synthetic")
+# The sources defined in this file; every name a run can ask for (the papers' datasets, the
+# corrupted benchmark) is in `fl_core.data.catalog.SOURCES`, whose `load_source` takes them all.
+BASE_SOURCES = ("digits", "mnist", "cifar10", "synthetic")
 
 _INPUT_SHAPES = {
     "digits": (1, 8, 8),
@@ -92,7 +94,7 @@ def default_data_root() -> Path:
 
 def load_source(name: str, data_root: str | os.PathLike | None = None,
                 download: bool = False) -> Dataset:
-    """Load dataset ``name`` (one of :data:`SOURCES`).
+    """Load dataset ``name`` (one of :data:`BASE_SOURCES`).
 
     ``data_root`` is only used by the file-based sources (mnist, cifar10); ``download``
     lets torchvision fetch missing files into it.
@@ -109,8 +111,8 @@ def load_source(name: str, data_root: str | os.PathLike | None = None,
 
 
 def _check_name(name: str) -> None:
-    if name not in SOURCES:
-        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(SOURCES)}")
+    if name not in BASE_SOURCES:
+        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(BASE_SOURCES)}")
 
 
 def _normalise(x: np.ndarray, mean, std) -> torch.Tensor:
@@ -148,6 +150,18 @@ def _load_digits() -> Dataset:
         arrays = _split_digits()
         _write_cache(cache, dict(zip(("x_tr", "y_tr", "x_te", "y_te"), arrays)))
     return _from_float("digits", *arrays, 10)
+
+
+def _digits_uint8() -> tuple[np.ndarray, ...]:
+    """The digits split as uint8 images (N, 8, 8) in 0..255 and labels (for `digits_c`)."""
+    cache = digits_cache_path()
+    try:
+        with np.load(cache) as saved:
+            x_tr, y_tr, x_te, y_te = (saved[k] for k in ("x_tr", "y_tr", "x_te", "y_te"))
+    except (OSError, KeyError, ValueError):
+        x_tr, y_tr, x_te, y_te = _split_digits()
+    to_u8 = lambda x: np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
+    return to_u8(x_tr), y_tr, to_u8(x_te), y_te
 
 
 def _split_digits() -> list[np.ndarray]:
@@ -261,7 +275,9 @@ def _mnist_paths(root: Path) -> dict[str, Path] | Path:
     return found
 
 
-def _load_mnist(root: Path, download: bool) -> Dataset:
+def _mnist_uint8(root: Path | None, download: bool = False) -> tuple[np.ndarray, ...]:
+    """(train images uint8 (N, 28, 28), train labels, test images, test labels), checked."""
+    root = root if root is not None else default_data_root()
     paths = _mnist_paths(root)
     if isinstance(paths, Path) and download:
         _torchvision_fetch("MNIST", root)
@@ -269,8 +285,8 @@ def _load_mnist(root: Path, download: bool) -> Dataset:
     if isinstance(paths, Path):
         raise DataError(f"MNIST file not found: {paths} (or {paths}.gz); pass --download "
                         f"to fetch it, or --data-root pointing at a folder holding MNIST/raw")
-    splits = {}
-    for split, (img_stem, lbl_stem) in _MNIST_FILES.items():
+    out = []
+    for img_stem, lbl_stem in _MNIST_FILES.values():
         images = read_idx(paths[img_stem], ndim=3)
         labels = read_idx(paths[lbl_stem], ndim=1)
         if len(images) != len(labels):
@@ -278,8 +294,14 @@ def _load_mnist(root: Path, download: bool) -> Dataset:
                             f"{paths[lbl_stem]} has {len(labels)} labels")
         if labels.size and labels.max() > 9:
             raise DataError(f"{paths[lbl_stem]}: label {labels.max()} outside 0..9")
-        splits[split] = (_normalise(images[:, None], _MNIST_MEAN, _MNIST_STD), _labels(labels))
-    return Dataset("mnist", *splits["train"], *splits["test"], num_classes=10)
+        out += [images, labels]
+    return tuple(out)
+
+
+def _load_mnist(root: Path, download: bool) -> Dataset:
+    x_tr, y_tr, x_te, y_te = _mnist_uint8(root, download)
+    return Dataset("mnist", _normalise(x_tr[:, None], _MNIST_MEAN, _MNIST_STD), _labels(y_tr),
+                   _normalise(x_te[:, None], _MNIST_MEAN, _MNIST_STD), _labels(y_te), num_classes=10)
 
 
 # ---------------------------------------------------------------- CIFAR-10 (pickles)
