@@ -83,6 +83,12 @@ class RunConfig:
                                 "equal size before samples_per_client)", low=1, data=True)
     equal_domains: bool = knob(False, "domain, domain_dirichlet: first cut every domain's train set to the "
                                       "smallest domain's size (FedL2P)", data=True, added=True)
+    unseen_clients: int = knob(0, "clients held out of training (a seeded sample): they never train or send, and after "
+                               "the last round each joins as a newcomer (receives the broadcast, runs the method's local "
+                               "update once) and is scored; results mark every client's pool seen/unseen (FedL2P)",
+                               low=0, data=True, added=True)
+    unseen_domains: str = knob("", "comma-separated domains whose clients are all held out as unseen (a domain "
+                               "partition; FedL2P's unseen domains)", data=True, added=True)
     val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split (selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
@@ -155,10 +161,34 @@ class RunConfig:
                 raise ConfigError(f"partition='domain_dirichlet' gives each of the {len(domains)} domains of "
                                   f"{self.dataset} the same number of clients: num_clients={self.num_clients} "
                                   f"must be a multiple of {len(domains)}")
+        self._check_unseen()
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
+
+    def unseen_domain_names(self) -> tuple[str, ...]:
+        return tuple(d.strip() for d in self.unseen_domains.split(",") if d.strip())
+
+    def _check_unseen(self) -> None:
+        held = self.unseen_domain_names()
+        if held:
+            domains = source_domains(self.dataset, self.corruptions)
+            if self.partition not in DOMAIN_PARTITIONS:
+                raise ConfigError(f"unseen_domains={self.unseen_domains!r} needs a domain partition "
+                                  f"({', '.join(DOMAIN_PARTITIONS)}), not partition={self.partition!r}")
+            bad = [d for d in held if d not in domains]
+            if bad or len(set(held)) != len(held):
+                raise ConfigError(f"unseen_domains={self.unseen_domains!r}: distinct names of {self.dataset}'s "
+                                  f"domains ({', '.join(domains)}) expected")
+            if len(held) == len(domains):
+                raise ConfigError(f"unseen_domains={self.unseen_domains!r} holds out every domain; no client is left to train")
+            left = self.num_clients - self.num_clients // len(domains) * len(held)
+        else:
+            left = self.num_clients
+        if self.unseen_clients >= left:
+            raise ConfigError(f"unseen_clients={self.unseen_clients} leaves no client to train (num_clients="
+                              f"{self.num_clients}{', of which ' + str(self.num_clients - left) + ' in unseen domains' if held else ''})")
 
     def milestones(self) -> list[int]:
         text = self.lr_milestones.strip()

@@ -8,7 +8,9 @@ common knobs and the chosen method's own knobs only (never another method's), `c
 
 Statistics (defined once, here):
 - over clients (one round of one trial): unweighted mean and population std (ddof = 0) over
-  clients, NaN entries skipped, as the papers report; the test-sample-weighted mean beside it;
+  clients, NaN entries skipped, as the papers report; the test-sample-weighted mean beside it.
+  Accuracies are over the seen clients; unseen ones (`pool = "unseen"`, held out of training)
+  have their own `acc_unseen_mean`, measured after the last round;
 - over seeds (a table cell): mean and sample std (ddof = 1; 0 for a single seed), `across_seeds`;
 - traffic: MB = 10^6 bytes; `busiest_mb` = the largest up + down of any one client in the round.
 
@@ -32,7 +34,7 @@ from . import __version__
 MB = 1e6
 STANDARD_CLIENT_COLUMNS = frozenset({
     "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "loss", "n_train", "n_val",
-    "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr"})
+    "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr", "pool"})
 SEED_DDOF = 1
 
 
@@ -75,12 +77,15 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
     by = [c for c in by if c in rows.columns]
     keys = [*by, "round"]
     up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
-    acc = rows["acc"].astype(float)
+    seen = rows["pool"].ne("unseen") if "pool" in rows else pd.Series(True, index=rows.index)
+    only_seen = lambda column: rows[column].astype(float).where(seen)
+    acc = only_seen("acc")
     weight = rows["n_test"].astype(float).where(acc.notna())
     frame = pd.DataFrame({k: rows[k] for k in keys}).assign(
         _acc=acc, _wacc=acc * weight, _w=weight, _up=up, _down=down, _sent=up + down,
-        _local=rows["acc_local"].astype(float), _global=rows["acc_global"].astype(float),
-        _val=rows["acc_val"].astype(float) if "acc_val" in rows else math.nan,
+        _local=only_seen("acc_local"), _global=only_seen("acc_global"),
+        _val=only_seen("acc_val") if "acc_val" in rows else math.nan,
+        _unseen=rows["acc"].astype(float).where(~seen),
         _loss=rows["loss"].astype(float), _pf=rows["personal_fraction"].astype(float),
         _part=rows["participated"].astype(float) if "participated" in rows else 1.0,
         _secs=rows["round_seconds"].astype(float) if "round_seconds" in rows else math.nan)
@@ -95,6 +100,7 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
         "acc_local_mean": g["_local"].mean(),
         "acc_global_mean": g["_global"].mean(),
         "acc_val_mean": g["_val"].mean(),
+        "acc_unseen_mean": g["_unseen"].mean(),
         "loss_mean": g["_loss"].mean(),
         "personal_fraction_mean": g["_pf"].mean(),
         "personal_fraction_std": g["_pf"].std(ddof=0),
@@ -222,7 +228,7 @@ def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any
 def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
     """One row per client: its realised train, validation and test label histograms."""
     base = config_columns(config) | context
-    rows = [base | {"client": k, "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
+    rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
                     "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
                     "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
             for k in range(len(data.clients))]

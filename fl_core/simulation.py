@@ -5,7 +5,9 @@ locally (a participant that missed broadcasts first downloads the current model)
 server averages the participants and broadcasts to them, or, for server-less methods, every
 client averages with its neighbours; on evaluated rounds (`eval_every`, always the last) every
 client is scored (a client that missed broadcasts as it would start its next round). Traffic is
-counted per client, up and down separately.
+counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
+never take part; after the last round each joins as a newcomer and is scored (`_newcomer`), in
+rows marked `pool = "unseen"` that no seen-client mean includes.
 
 The whole state (server model, every client's state and mask, rounds done) is a plain dict of
 tensors (`state_dict`), so a run can be checkpointed between rounds and restored; batch orders
@@ -57,6 +59,7 @@ class ClientRound:
     bytes_down: int
     seconds: float          # local training and evaluation of this client
     metrics: dict[str, float] = field(default_factory=dict)  # the method's own (LocalStats.metrics)
+    pool: str = "seen"      # "unseen": held out of training, scored as a newcomer after the last round
 
     def row(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metrics"}
@@ -71,16 +74,17 @@ class RoundResult:
     evaluated: bool = True  # accuracies were measured this round (`eval_every`; always the last)
     lr: float = NAN         # the local learning rate of this round
 
-    def mean(self, metric: str) -> float:
-        """Unweighted mean over clients, as the papers report (NaN entries skipped)."""
-        return client_mean([getattr(c, metric) for c in self.clients])
+    def mean(self, metric: str, pool: str = "seen") -> float:
+        """Unweighted mean over the pool's clients, as the papers report (NaN entries skipped)."""
+        return client_mean([getattr(c, metric) for c in self.clients if c.pool == pool])
 
     def weighted_acc(self) -> float:
-        """Test-sample-weighted mean accuracy (reported alongside the unweighted mean)."""
-        return weighted_mean([c.acc for c in self.clients], [c.n_test for c in self.clients])
+        """Test-sample-weighted mean accuracy of the seen clients (beside the unweighted mean)."""
+        seen = [c for c in self.clients if c.pool == "seen"]
+        return weighted_mean([c.acc for c in seen], [c.n_test for c in seen])
 
     def std(self, metric: str) -> float:
-        return client_std([getattr(c, metric) for c in self.clients])
+        return client_std([getattr(c, metric) for c in self.clients if c.pool == "seen"])
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per client: the round, its `ClientRound` fields and the method's metrics."""
@@ -125,7 +129,8 @@ class Simulation:
         self.trainer = LocalTrainer(model, sgd)
         self.algorithm = get_algorithm(config.algorithm)(config, self.trainer, self.model_name)
         infos = [ClientInfo(k=k, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
-                            train_label_hist=data.train_hist[k], profile=dict(profiles[k]) if profiles else {})
+                            train_label_hist=data.train_hist[k], profile=dict(profiles[k]) if profiles else {},
+                            seen=k not in data.unseen)
                  for k, d in enumerate(self.data.clients)]
         self.clients: list[ClientState] = self.algorithm.setup(read_state(model), infos)
         self.synced = [True] * config.num_clients  # client holds the latest broadcast
@@ -173,6 +178,9 @@ class Simulation:
         loss_values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
         results = []
         for k, (client, d) in enumerate(zip(clients, data)):
+            if k in self.data.unseen:
+                results.append(self._newcomer(k, rnd))
+                continue
             t0 = time.perf_counter()
             acc_local = acc_global = acc = acc_val = NAN
             if evaluate:
@@ -206,6 +214,40 @@ class Simulation:
         taking_part = set(participants)
         self.synced = [k in taking_part for k in range(len(clients))]
         return _Placed(participants, traffic.up, traffic.down)
+
+    def _newcomer(self, k: int, rnd: int) -> ClientRound:
+        """An unseen client's row: nothing before the last round; after it, the client joins as a
+        seen one would run a round (receive the broadcast, the method's local update, the
+        broadcast's shared parts again where the method evaluates after it) without its update
+        reaching anyone, and is scored on its own test data. Its stored state is left as it was."""
+        algo, d, client = self.algorithm, self.data.clients[k], self.clients[k]
+        if rnd < self.config.rounds:
+            return ClientRound(client=k, participated=False, acc_local=NAN, acc_global=NAN, acc=NAN, acc_val=NAN,
+                               loss=NAN, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+                               personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
+                               seconds=0.0, pool="unseen")
+        t0 = time.perf_counter()
+        mask = None if client.mask is None else {n: m.clone() for n, m in client.mask.items()}
+        joined = ClientState(state=dict(client.state), mask=mask, extra=dict(client.extra))
+        down = 0
+        if algo.communicates:
+            algo.receive(joined)
+            down = algo.sent_entries(joined) * BYTES_PER_ENTRY
+        stats = algo.local_update(k, joined, d, rnd)
+        acc_local, val_local = self._scores(joined.state, d)
+        acc_global, val_global = acc_local, val_local
+        if algo.communicates and algo.acc_from != "local":
+            algo.receive(joined)
+            acc_global, val_global = self._scores(joined.state, d)
+        if algo.acc_from == "custom":
+            acc, acc_val = self._scores(algo.personalized_model(k, joined, d, rnd), d)
+        else:
+            acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
+        return ClientRound(client=k, participated=False, acc_local=acc_local, acc_global=acc_global, acc=acc,
+                           acc_val=acc_val, loss=float(stats.loss_sum) / max(stats.samples, 1), n_train=d.n_train,
+                           n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(joined),
+                           bytes_up=0, bytes_down=down, seconds=time.perf_counter() - t0,
+                           metrics=_checked_metrics(algo.name, stats.metrics), pool="unseen")
 
     def _scores(self, model, d: ClientData) -> tuple[float, float]:
         """(test accuracy, validation accuracy or NaN) of a state or predictor on client data."""

@@ -59,6 +59,7 @@ class ClientInfo:
     n_test: int
     train_label_hist: np.ndarray
     profile: dict[str, float] = field(default_factory=dict)  # device capabilities (e.g. a budget)
+    seen: bool = True  # False: held out of training (`unseen_clients`), scored as a newcomer at the end
 
 
 @dataclass
@@ -122,14 +123,15 @@ class Algorithm:
 
     # ================================================================ hooks: who, and the client side
     def participants(self, rnd: int) -> list[int]:
-        """Clients taking part in round `rnd`: all, or a seeded sample of max(1, ⌊participation·N⌋)."""
-        n = len(self.clients_info)
+        """Clients taking part in round `rnd`: every seen client, or a seeded sample of
+        max(1, ⌊participation·N⌋) of the N seen ones (unseen clients never take part)."""
+        pool = [info.k for info in self.clients_info if info.seen]
         share = self.config.participation
         if share >= 1.0:
-            return list(range(n))
-        m = max(1, math.floor(share * n + 1e-9))
+            return pool
+        m = max(1, math.floor(share * len(pool) + 1e-9))
         rng = np.random.default_rng(derive_seed(self.config.seed, rnd, "participants"))
-        return sorted(int(k) for k in rng.choice(n, size=m, replace=False))
+        return sorted(int(pool[i]) for i in rng.choice(len(pool), size=m, replace=False))
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update())

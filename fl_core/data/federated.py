@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .domain_partition import DOMAIN_PARTITIONS, domain_partition
+from .domain_partition import DOMAIN_PARTITIONS, DomainSplit, domain_partition
 from .partition import partition as make_partition
 from .catalog import load_source
 from .sources import DataError
@@ -72,6 +72,8 @@ class FederatedData:
     # (num_clients, num_domains, num_classes); None for a single-domain source.
     domains: tuple[str, ...] = ()
     domain_hist: np.ndarray | None = None
+    # Clients held out of training (`unseen_clients`, `unseen_domains`), sorted; scored as newcomers.
+    unseen: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.val_hist is None:
@@ -84,11 +86,15 @@ class FederatedData:
         held = np.flatnonzero(self.domain_hist[k].sum(axis=1))
         return self.domains[int(held[0])] if len(held) == 1 else None
 
+    def pool(self, k: int) -> str:
+        """`seen` (trains) or `unseen` (held out, scored after the last round)."""
+        return "unseen" if k in self.unseen else "seen"
+
     def to(self, device) -> "FederatedData":
         """A copy with every client's tensors on ``device`` (histograms are shared)."""
         return FederatedData([c.to(device) for c in self.clients], self.num_classes,
                              self.input_shape, self.train_hist, self.test_hist, self.val_hist,
-                             self.domains, self.domain_hist)
+                             self.domains, self.domain_hist, self.unseen)
 
 
 def load_data(config) -> FederatedData:
@@ -113,7 +119,8 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
                          min_samples: int = 10, val_fraction: float = 0.0, data_root=None,
                          download: bool = False, equal_domains: bool = False, corruptions: str = "",
                          severity: int = 3, image_size: int | None = None,
-                         domainnet_classes: str = "top10") -> FederatedData:
+                         domainnet_classes: str = "top10", unseen_clients: int = 0,
+                         unseen_domains: str = "") -> FederatedData:
     """Load ``dataset``, split it with scheme ``partition`` and return per-client tensors.
 
     With ``val_fraction`` > 0 each client's training indices (after partition and caps) are split
@@ -121,7 +128,8 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
     made of domains takes the domain partitions (`domain_partition.py`: each client one domain)
     or any label partition of its pooled samples (clients then mix domains). The source options
     (`corruptions`, `severity`, `image_size`, `domainnet_classes`) are those of
-    `fl_core.data.catalog`.
+    `fl_core.data.catalog`. `unseen_domains` holds out every client of those domains,
+    `unseen_clients` a seeded sample of the other clients (`held_out`).
     """
     data = load_source(dataset, data_root=data_root, download=download, corruptions=corruptions,
                        severity=severity, image_size=image_size, domainnet_classes=domainnet_classes)
@@ -163,5 +171,20 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
         size = len(data.domains) * data.num_classes
         domain_hist = np.stack([np.bincount(joint[i], minlength=size) for i in train_idx]).astype(np.int64)
         domain_hist = domain_hist.reshape(len(splits), len(data.domains), data.num_classes)
+    client_domains = [data.domains[s.domain] if isinstance(s, DomainSplit) else None for s in splits]
+    unseen = held_out(client_domains, unseen_clients, unseen_domains, seed)
     return FederatedData(clients, data.num_classes, data.input_shape, hist(y_train, train_idx),
-                         hist(y_test, [s.test for s in splits]), hist(y_train, val_idx), data.domains, domain_hist)
+                         hist(y_test, [s.test for s in splits]), hist(y_train, val_idx), data.domains, domain_hist,
+                         unseen)
+
+
+def held_out(client_domains: list[str | None], unseen_clients: int, unseen_domains: str, seed: int) -> tuple[int, ...]:
+    """The unseen clients: every client of a domain in `unseen_domains` (comma-separated), then a
+    sample of `unseen_clients` of the others drawn with (seed, 0x5EE) (independent of training)."""
+    names = {d.strip() for d in unseen_domains.split(",") if d.strip()}
+    by_domain = [k for k, d in enumerate(client_domains) if d in names]
+    rest = [k for k in range(len(client_domains)) if k not in by_domain]
+    if unseen_clients > len(rest) - 1:
+        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train ({len(rest)} outside unseen domains)")
+    sample = np.random.default_rng([seed, 0x5EE]).choice(rest, size=unseen_clients, replace=False) if unseen_clients else []
+    return tuple(sorted({*by_domain, *(int(k) for k in sample)}))
