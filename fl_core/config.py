@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .algorithms import ALGORITHMS, params_class
-from .data.catalog import DOMAINNET_CLASSES, SOURCES, check_options, source_domains
+from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_options, parse_corruptions, source_domains
 from .data.sources import DataError
 from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
 
@@ -38,7 +38,7 @@ PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid", "domain", "domain
 DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class", "domain_dirichlet")  # the partitions dir_alpha applies to
 DOMAIN_PARTITIONS = ("domain", "domain_dirichlet")
 SOURCE_OPTIONS = ("corruptions", "severity", "image_size", "domainnet_classes")  # knobs of some sources only
-MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "preresnet18", "mobilenet_cifar")
+MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
 DEVICES = ("cpu", "cuda", "auto")
@@ -134,6 +134,7 @@ class RunConfig:
             raise ConfigError(f"method={type(method).__name__} is not the parameter class of {self.algorithm} ({cls.__name__})")
         object.__setattr__(self, "method", method)
         normalise(self)
+        self._canonical_corruptions()
         self.validate()
 
     def __getattr__(self, name: str) -> Any:
@@ -166,6 +167,17 @@ class RunConfig:
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
+
+    def _canonical_corruptions(self) -> None:
+        """One spelling per set of domains (one hash): names without spaces, and the source's
+        default set as "" (the default). Bad names are left for `validate` to report."""
+        if self.corruptions and self.dataset in OPTIONS["corruptions"][0]:
+            try:
+                names = parse_corruptions(self.dataset, self.corruptions)
+            except DataError:
+                return
+            text = "" if names == parse_corruptions(self.dataset, "") else ",".join(names)
+            object.__setattr__(self, "corruptions", text)
 
     def unseen_domain_names(self) -> tuple[str, ...]:
         return tuple(d.strip() for d in self.unseen_domains.split(",") if d.strip())

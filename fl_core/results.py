@@ -166,7 +166,35 @@ def setting_label(values: Mapping[str, Any]) -> str:
         split = f"Dir({float(values['dir_alpha']):g}) per domain"
     else:
         split = str(partition)
-    return f"{values['dataset']}, {split}"
+    return f"{values['dataset']}{_source_options(values)}, {split}{_unseen_text(values)}"
+
+
+def _given(values: Mapping[str, Any], name: str, default: Any) -> Any:
+    """A knob's value in a row, or `default` where the row predates the knob (absent or NaN)."""
+    value = values.get(name, default)
+    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _source_options(values: Mapping[str, Any]) -> str:
+    """The dataset options that differ from their defaults, e.g. ` (severity 5; clean,fog)`: two
+    settings that differ only there never share a table column."""
+    parts = []
+    if _given(values, "severity", 3) != 3:
+        parts.append(f"severity {int(_given(values, 'severity', 3))}")
+    if _given(values, "corruptions", ""):
+        parts.append(str(values["corruptions"]).replace(" ", ""))
+    if _given(values, "image_size", None) is not None:
+        parts.append(f"{int(values['image_size'])} px")
+    if _given(values, "domainnet_classes", "top10") != "top10":
+        parts.append(f"{values['domainnet_classes']} classes")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _unseen_text(values: Mapping[str, Any]) -> str:
+    held = [f"unseen {d}" for d in str(_given(values, "unseen_domains", "")).split(",") if d.strip()]
+    if int(_given(values, "unseen_clients", 0)):
+        held.append(f"{int(values['unseen_clients'])} unseen clients")
+    return f", {', '.join(held)}" if held else ""
 
 
 def add_labels(frame: pd.DataFrame) -> pd.DataFrame:

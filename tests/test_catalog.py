@@ -114,3 +114,15 @@ def test_a_folder_dataset_runs_through_the_catalogue(tmp_path):
     assert data.input_shape == (3, 8, 8) and data.domains == ("Art", "Clipart", "Product", "Real_World")
     assert [data.client_domain(k) for k in range(4)] == list(data.domains)
     assert [c.n_train for c in data.clients] == [8] * 4
+
+
+def test_one_spelling_per_corruption_set_and_labels_that_tell_options_apart():
+    from fl_core.results import setting_label
+    default = RunConfig(dataset="mnist_c")
+    spelled = RunConfig(dataset="mnist_c", corruptions="gaussian_noise, motion_blur,fog,contrast")
+    assert spelled.corruptions == "" and spelled.config_hash() == default.config_hash()
+    assert RunConfig(dataset="mnist_c", corruptions="fog,clean").corruptions == "fog,clean"  # order = domain order
+    labels = {setting_label(RunConfig(dataset="mnist_c", **knobs).to_dict()) for knobs in
+              (dict(), dict(severity=5), dict(corruptions="clean,fog"), dict(unseen_clients=2))}
+    assert labels == {"mnist_c, 2 shards", "mnist_c (severity 5), 2 shards", "mnist_c (clean,fog), 2 shards",
+                      "mnist_c, 2 shards, 2 unseen clients"}

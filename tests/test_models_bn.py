@@ -1,4 +1,4 @@
-"""Models with BatchNorm (cnn_bn, preresnet18, mobilenet_cifar): shapes, the registry's head/body
+"""Models with BatchNorm (cnn_bn, lenet_bn, preresnet18, mobilenet_cifar): shapes, the registry's head/body
 split and blocks A-D, and initialising a run from a state-dict file (`init_weights`)."""
 import pytest
 import torch
@@ -10,9 +10,9 @@ from fl_core.simulation import Simulation
 
 from conftest import tiny
 
-BN_MODELS = ("cnn_bn", "preresnet18", "mobilenet_cifar")
+BN_MODELS = ("cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 # what belongs to no block: stems, PreResNet's final BN, MobileNet's stem BN and head
-OUTSIDE_BLOCKS = {"cnn_bn": (), "preresnet18": ("conv1.", "bn4.", "linear."),
+OUTSIDE_BLOCKS = {"cnn_bn": (), "lenet_bn": (), "preresnet18": ("conv1.", "bn4.", "linear."),
                   "mobilenet_cifar": ("conv1.", "bn1.", "linear.")}
 
 
@@ -39,8 +39,9 @@ def test_output_shape_in_training_and_eval_mode(built, name, shape):
     assert any(isinstance(m, nn.BatchNorm2d) and m.track_running_stats for m in model.modules())
 
 
-def test_cnn_bn_runs_on_8x8_inputs_and_trains_on_a_batch_of_one():
-    model = build_model("cnn_bn", (1, 8, 8), 10).train()
+@pytest.mark.parametrize("name", ["cnn_bn", "lenet_bn"])
+def test_small_bn_models_run_on_8x8_inputs_and_train_on_a_batch_of_one(name):
+    model = build_model(name, (1, 8, 8), 10).train()
     assert model(torch.randn(1, 1, 8, 8)).shape == (1, 10)  # the trainer's last batch may hold one sample
 
 
@@ -66,7 +67,7 @@ def test_blocks_cover_every_parameter_outside_stem_and_head_once(built, name):
         assert len(matching) <= 1, n  # no entry in two blocks
     assert {b for b in of.values() if b} == {"A", "B", "C", "D"}
     # each BN layer sits in the same block as the conv it normalises
-    if name == "cnn_bn":
+    if name in ("cnn_bn", "lenet_bn"):
         assert of["features.1.running_mean"] == "A" and of["features.5.weight"] == "B"
         assert of["fc.0.weight"] == "C" and of["head.weight"] == "D"
 
