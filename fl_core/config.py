@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .algorithms import ALGORITHMS, params_class
-from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_options, parse_corruptions, source_domains
+from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
+from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
 from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
 
@@ -36,7 +37,6 @@ RESULTS_REVISION = 3
 DATASETS = SOURCES  # fl_core/data/catalog.py: what each is, its domains and options
 PARTITIONS = ("shards", "dirichlet", "dirichlet_class", "iid", "domain", "domain_dirichlet")  # fl_core/data
 DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class", "domain_dirichlet")  # the partitions dir_alpha applies to
-DOMAIN_PARTITIONS = ("domain", "domain_dirichlet")
 SOURCE_OPTIONS = ("corruptions", "severity", "image_size", "domainnet_classes")  # knobs of some sources only
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
@@ -146,23 +146,12 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         check_fields(self)
-        try:  # the source's options and the domain partitions, before any data is read
+        try:  # the source's options, domain partitions and unseen pools, before any data is read
             check_options(self.dataset, **{k: getattr(self, k) for k in SOURCE_OPTIONS})
+            check_clients(self.dataset, self.corruptions, self.partition, self.num_clients, self.unseen_clients,
+                          self.unseen_domains)
         except DataError as err:
             raise ConfigError(str(err)) from None
-        if self.partition in DOMAIN_PARTITIONS:
-            domains = source_domains(self.dataset, self.corruptions)
-            if not domains:
-                raise ConfigError(f"partition={self.partition!r} needs a dataset made of domains (one of "
-                                  f"{', '.join(d for d in SOURCES if source_domains(d))}); {self.dataset!r} has none")
-            if self.partition == "domain" and self.num_clients != len(domains):
-                raise ConfigError(f"partition='domain' gives one client per domain: num_clients={self.num_clients} "
-                                  f"must be {len(domains)} ({', '.join(domains)})")
-            if self.partition == "domain_dirichlet" and self.num_clients % len(domains):
-                raise ConfigError(f"partition='domain_dirichlet' gives each of the {len(domains)} domains of "
-                                  f"{self.dataset} the same number of clients: num_clients={self.num_clients} "
-                                  f"must be a multiple of {len(domains)}")
-        self._check_unseen()
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
@@ -178,29 +167,6 @@ class RunConfig:
                 return
             text = "" if names == parse_corruptions(self.dataset, "") else ",".join(names)
             object.__setattr__(self, "corruptions", text)
-
-    def unseen_domain_names(self) -> tuple[str, ...]:
-        return tuple(d.strip() for d in self.unseen_domains.split(",") if d.strip())
-
-    def _check_unseen(self) -> None:
-        held = self.unseen_domain_names()
-        if held:
-            domains = source_domains(self.dataset, self.corruptions)
-            if self.partition not in DOMAIN_PARTITIONS:
-                raise ConfigError(f"unseen_domains={self.unseen_domains!r} needs a domain partition "
-                                  f"({', '.join(DOMAIN_PARTITIONS)}), not partition={self.partition!r}")
-            bad = [d for d in held if d not in domains]
-            if bad or len(set(held)) != len(held):
-                raise ConfigError(f"unseen_domains={self.unseen_domains!r}: distinct names of {self.dataset}'s "
-                                  f"domains ({', '.join(domains)}) expected")
-            if len(held) == len(domains):
-                raise ConfigError(f"unseen_domains={self.unseen_domains!r} holds out every domain; no client is left to train")
-            left = self.num_clients - self.num_clients // len(domains) * len(held)
-        else:
-            left = self.num_clients
-        if self.unseen_clients >= left:
-            raise ConfigError(f"unseen_clients={self.unseen_clients} leaves no client to train (num_clients="
-                              f"{self.num_clients}{', of which ' + str(self.num_clients - left) + ' in unseen domains' if held else ''})")
 
     def milestones(self) -> list[int]:
         text = self.lr_milestones.strip()

@@ -19,8 +19,8 @@
 Options left at their defaults mean the source's own default (corruptions: mnist_c/digits_c
 `DEFAULT_CORRUPTIONS`, cifar10c FedL2P's ten; severity 3; image_size 32, Mini-ImageNet 84;
 DomainNet FedBN's ten classes). An option given to a source that does not take it is an error,
-as is a corruption name the source does not have (`check_options`, called when a `RunConfig` is
-made, before any data is read). The readers: fl_core/data/sources.py (the first four),
+as is a corruption name the source does not have (`check_options`), and so are clients that do
+not fit the source's domains (`check_clients`); `RunConfig` calls both before any data is read. The readers: fl_core/data/sources.py (the first four),
 corrupted_sources.py, domain_sources.py and domain_folders.py.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from .corrupted_sources import CORRUPTED_SOURCES, DEFAULT_CORRUPTIONS, DEFAULT_SEVERITY, check_corruptions, \
     load_corrupted
+from .domain_partition import DOMAIN_PARTITIONS
 from .domain_folders import DOMAINNET_DOMAINS, OFFICE_CALTECH_DOMAINS, OFFICEHOME_DOMAINS
 from .domain_sources import CIFAR10C_CORRUPTIONS, DOMAIN_LOADERS, FEDL2P_CORRUPTIONS
 from .sources import BASE_SOURCES, Dataset, DataError, _INPUT_SHAPES
@@ -79,6 +80,40 @@ def check_options(name: str, **options: Any) -> None:
         parse_corruptions(name, options.get("corruptions", ""))
     if options.get("domainnet_classes", "top10") not in DOMAINNET_CLASSES:
         raise DataError(f"domainnet_classes={options['domainnet_classes']!r}; allowed: {', '.join(DOMAINNET_CLASSES)}")
+
+
+def check_clients(name: str, corruptions: str, partition: str, num_clients: int, unseen_clients: int = 0,
+                  unseen_domains: str = "") -> None:
+    """A DataError if the clients asked for do not fit the source's domains: a domain partition
+    on a source without domains, `domain` with num_clients != #domains, `domain_dirichlet` with
+    a number of clients that the domains cannot share equally, unseen domains it does not have or
+    hold-outs that leave no client to train."""
+    domains = source_domains(name, corruptions)
+    if partition in DOMAIN_PARTITIONS:
+        if not domains:
+            raise DataError(f"partition={partition!r} needs a dataset made of domains (one of "
+                            f"{', '.join(d for d in SOURCES if source_domains(d))}); {name!r} has none")
+        if partition == "domain" and num_clients != len(domains):
+            raise DataError(f"partition='domain' gives one client per domain: num_clients={num_clients} "
+                            f"must be {len(domains)} ({', '.join(domains)})")
+        if partition == "domain_dirichlet" and num_clients % len(domains):
+            raise DataError(f"partition='domain_dirichlet' gives each of the {len(domains)} domains of {name} the "
+                            f"same number of clients: num_clients={num_clients} must be a multiple of {len(domains)}")
+    held = [d.strip() for d in unseen_domains.split(",") if d.strip()]
+    left = num_clients
+    if held:
+        if partition not in DOMAIN_PARTITIONS:
+            raise DataError(f"unseen_domains={unseen_domains!r} needs a domain partition "
+                            f"({', '.join(DOMAIN_PARTITIONS)}), not partition={partition!r}")
+        if any(d not in domains for d in held) or len(set(held)) != len(held):
+            raise DataError(f"unseen_domains={unseen_domains!r}: distinct names of {name}'s domains "
+                            f"({', '.join(domains)}) expected")
+        if len(held) == len(domains):
+            raise DataError(f"unseen_domains={unseen_domains!r} holds out every domain; no client is left to train")
+        left -= num_clients // len(domains) * len(held)
+    if unseen_clients >= left:
+        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train (num_clients={num_clients}"
+                        + (f", of which {num_clients - left} in unseen domains)" if held else ")"))
 
 
 def source_domains(name: str, corruptions: str = "") -> tuple[str, ...]:

@@ -26,7 +26,8 @@ int64 labels; multi-domain sources also carry domain names and a domain index pe
   :mod:`fl_core.data.domain_folders` (ImageNet statistics).
 
 Any missing folder or file, and any truncated or corrupt one, is a :class:`DataError` naming it.
-Nothing here is registered in ``SOURCES`` yet; :data:`DOMAIN_LOADERS` maps names to the loaders.
+:data:`DOMAIN_LOADERS` maps the names to the loaders; :mod:`fl_core.data.catalog` makes them ``--dataset``
+values (with ``image_size``, and cifar10c's ``corruptions`` and ``severity``).
 """
 
 from __future__ import annotations

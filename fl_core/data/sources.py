@@ -11,6 +11,10 @@ tensors, normalised with a per-dataset mean/std, and whose labels are int64.
 * ``synthetic`` a tiny deterministic 10-class problem (class prototypes plus noise).
 
 Downloads happen only when asked (``download=True``) and go through torchvision.
+
+These are the base sources; the full list a run can name (the corrupted benchmark ``mnist_c`` /
+``digits_c`` built on the first two, and the papers' datasets) and the one ``load_source`` that
+takes them all with their options is :mod:`fl_core.data.catalog`.
 """
 
 from __future__ import annotations
