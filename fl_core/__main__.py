@@ -64,9 +64,12 @@ def _run(sim, results_dir: Path) -> int:
         print(f"round {result.round:3d}/{config.rounds}  {acc}  personal {summary['personal_fraction_mean']:.3f}  "
               f"{result.seconds:6.2f} s", flush=True)
         last = summary
-    print(f"final: acc {last['acc_mean']:.4f} ± {last['acc_std']:.4f} over {config.num_clients} clients "
-          f"(sample-weighted {last['acc_weighted']:.4f}); acc_local {last['acc_local_mean']:.4f}, "
-          f"acc_global {last['acc_global_mean']:.4f}; {total:.1f} s")
+    unseen = len(sim.data.unseen)
+    print(f"final: acc {last['acc_mean']:.4f} ± {last['acc_std']:.4f} over {config.num_clients - unseen} "
+          f"{'seen ' if unseen else ''}clients (sample-weighted {last['acc_weighted']:.4f}); acc_local "
+          f"{last['acc_local_mean']:.4f}, acc_global {last['acc_global_mean']:.4f}; {total:.1f} s")
+    if unseen:
+        print(f"unseen: acc {last['acc_unseen_mean']:.4f} over {unseen} held-out clients (scored as newcomers)")
     print(f"wrote {results_dir / 'rounds.parquet'} and {results_dir / 'clients.parquet'}")
     return 0
 
