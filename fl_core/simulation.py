@@ -33,7 +33,6 @@ from .data import ClientData, FederatedData, load_data
 from .models import build_model, load_init_weights, resolve_model_name
 from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
-from .algorithms.base import BYTES_PER_ENTRY
 
 STATE_FORMAT = 2
 NAN = float("nan")
@@ -159,7 +158,7 @@ class Simulation:
             client, d = clients[k], data[k]
             if server and not self.synced[k]:  # missed broadcasts: download the current model first
                 algo.receive(client)
-                down[k] += algo.sent_entries(client) * BYTES_PER_ENTRY
+                down[k] += algo.sent_bytes(client)
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
             losses[k] = stats.loss_sum / max(stats.samples, 1)
@@ -232,7 +231,7 @@ class Simulation:
         down = 0
         if algo.communicates:
             algo.receive(joined)
-            down = algo.sent_entries(joined) * BYTES_PER_ENTRY
+            down = algo.sent_bytes(joined)
         stats = algo.local_update(k, joined, d, rnd)
         acc_local, val_local = self._scores(joined.state, d)
         acc_global, val_global = acc_local, val_local

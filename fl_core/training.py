@@ -182,7 +182,7 @@ class LocalTrainer:
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
                    loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
                    lr: float | None = None, momentum: float | None = None,
-                   inplace: bool = False) -> tuple[State, Tensor, int]:
+                   inplace: bool = False, max_grad_norm: float | None = None) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
@@ -192,8 +192,10 @@ class LocalTrainer:
         `lr` and `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning);
         the momentum buffer starts at zero in every pass.
         `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained
-        tensors (Ditto's personal objective). The loss sum stays a device tensor so that callers
-        decide when to synchronise.
+        tensors (Ditto's personal objective). `max_grad_norm` scales the loss gradient of the
+        trained tensors down to that total L2 norm when it is larger, before weight decay, as
+        `torch.nn.utils.clip_grad_norm_` before `optimizer.step()` (DisPFL's authors clip at 10).
+        The loss sum stays a device tensor so that callers decide when to synchronise.
         """
         sgd = self.sgd
         lr = sgd.lr if lr is None else lr
@@ -224,6 +226,9 @@ class LocalTrainer:
                     loss.backward()
                     with torch.no_grad():
                         grads = [p.grad for p in trained]
+                        if max_grad_norm is not None:
+                            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                            torch._foreach_mul_(grads, torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
                         if sgd.weight_decay:
                             torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
                         if anchor is not None:

@@ -28,6 +28,8 @@ _IMPLEMENTATIONS = {
     "fedpac": ("fedpac", "FedPAC"),
     "lotteryfl": ("lotteryfl", "LotteryFL"),
     "fedbn": ("fedbn", "FedBN"),
+    "dispfl": ("dispfl", "DisPFL"),
+    "dpsgd": ("dpsgd", "DPSGD"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 

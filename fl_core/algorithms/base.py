@@ -20,9 +20,9 @@ The simulation (fl_core/simulation.py) calls, every round t (1-based):
 and reads them from `self.params`.
 
 Hooks (override): setup, init_client, participants, local_update, aggregates_in, neighbours,
-shared_names, contribution, aggregation_weights, aggregate, mix_neighbours, receive,
+shared_names, contribution, aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes,
 personalized_model, personal_fraction, state_dict, load_state_dict.
-Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, and on `self.trainer`:
+Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, and on `self.trainer`:
 evaluate, gradients; differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
 """
@@ -167,7 +167,7 @@ class Algorithm:
         self.global_state.update(masked_average(
             self.global_state, [c.state for c in clients], contribs,
             self.aggregation_weights(data), self.shared_names()))
-        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]  # before `receive` may change masks
+        sent = [self.sent_bytes(c) for c in clients]  # before `receive` may change masks
         for client in clients:
             self.receive(client)
         return Traffic(up=sent, down=list(sent))
@@ -180,7 +180,7 @@ class Algorithm:
         sends its entries once per client that pulls from it."""
         snapshot = [c.state for c in clients]
         contribs = [self.contribution(c) for c in clients]
-        sent = [self.sent_entries(c) * BYTES_PER_ENTRY for c in clients]
+        sent = [self.sent_bytes(c) for c in clients]
         up, down = [0] * len(clients), [0] * len(clients)
         mixed = {}
         for k, others in graph.items():
@@ -198,6 +198,11 @@ class Algorithm:
         """Write the broadcast shared parameters into the client (buffers stay local)."""
         for n in self.shared_names():
             client.state[n] = self.global_state[n].clone()
+
+    def sent_bytes(self, client: ClientState) -> int:
+        """Bytes of one copy of what the client sends (float32 entries; a method that also sends
+        its mask adds the mask's bits)."""
+        return self.sent_entries(client) * BYTES_PER_ENTRY
 
     def sent_entries(self, client: ClientState) -> int:
         contrib = self.contribution(client) or {}

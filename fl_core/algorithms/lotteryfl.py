@@ -60,6 +60,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import personal_fraction
+from ..sparse import prune_smallest
 from ..training import State
 from .base import Algorithm, ClientInfo, LocalStats
 
@@ -80,23 +81,6 @@ AUTHORS_DEFAULTS = {True: {"acc_threshold": 0.5, "target_sparsity": 0.9},   # MN
 
 def mnist_like(dataset: str) -> bool:
     return dataset.split("_")[0] in MNIST_LIKE
-
-
-def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
-    """Prune `count` more entries: the unpruned ones with the smallest |weight|.
-
-    Exactly `count` entries (fewer only if fewer are unpruned); ties broken by flat index
-    (lowest first). Returns the new mask (True = pruned).
-    """
-    flat = pruned.reshape(-1)
-    count = min(count, int((~flat).sum()))
-    if count <= 0:
-        return pruned.clone()
-    scores = weight.detach().reshape(-1).abs().to(torch.float64).masked_fill(flat, math.inf)
-    order = torch.sort(scores, stable=True).indices
-    new = flat.clone()
-    new[order[:count]] = True
-    return new.reshape(pruned.shape)
 
 
 class LotteryFL(Algorithm):

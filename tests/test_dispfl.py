@@ -1,0 +1,142 @@
+"""DisPFL and D-PSGD: server-less rounds over a topology, sparse masks with prune/regrow."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny
+from fl_core.simulation import Simulation
+from fl_core.sparse import anneal_rate, layer_densities, prune_smallest, random_masks, regrow
+from fl_core.topology import active_clients, neighbours
+from fl_core.training import LocalTrainer, SGDSettings
+
+
+def params_of(sim, k):
+    return {n: sim.clients[k].state[n] for n in sim.algorithm.param_names}
+
+
+@pytest.mark.parametrize("algorithm", ["dispfl", "dpsgd"])
+def test_dense_full_topology_is_fedavg_bit_for_bit(algorithm):
+    knobs = dict(topology="full", num_clients=4, rounds=3)
+    if algorithm == "dispfl":
+        knobs |= dict(density=1.0, max_grad_norm=None)
+    ours, fedavg = Simulation(tiny(algorithm=algorithm, **knobs)), Simulation(tiny(algorithm="fedavg", num_clients=4, rounds=3))
+    for a, b in zip(ours.run(), fedavg.run()):
+        for k in range(4):  # every client holds FedAvg's broadcast model
+            for n, t in params_of(fedavg, k).items():
+                assert torch.equal(params_of(ours, k)[n], t), (a.round, k, n)
+        assert [c.acc_global for c in a.clients] == [c.acc for c in b.clients]
+
+
+def test_active_count_is_constant_and_inactive_entries_are_zero():
+    sim = Simulation(tiny(algorithm="dispfl", num_clients=4, rounds=4, topology="random", num_neighbours=2))
+    counts = [{n: int((~sim.clients[k].mask[n]).sum()) for n in sim.algorithm.param_names} for k in range(4)]
+    churned = 0
+    for result in sim.run():
+        for k in range(4):
+            mask = sim.clients[k].mask
+            assert {n: int((~mask[n]).sum()) for n in mask} == counts[k]
+            assert all(float(sim.clients[k].state[n][mask[n]].abs().sum()) == 0 for n in mask)
+        churned += sum(c.metrics["mask_churn"] for c in result.clients)
+        assert all(c.metrics["density"] == pytest.approx(0.5, abs=0.01) for c in result.clients)
+    assert churned > 0  # the masks did move
+
+
+def test_aggregation_is_the_masked_average_under_sent_masks_then_the_new_mask():
+    """Regrown entries take the neighbours' average (0 where none has them); pruned ones are 0."""
+    sim = Simulation(tiny(algorithm="dispfl", num_clients=4, rounds=2, anneal_factor=0.9))
+    algo, clients, data = sim.algorithm, sim.clients, sim.data.clients
+    for k in range(4):
+        algo.local_update(k, clients[k], data[k], 1)
+    snapshot = [dict(c.state) for c in clients]
+    sent = [{n: ~c.mask[n] for n in algo.param_names} for c in clients]
+    new = [{n: ~m for n, m in c.extra["next_mask"].items()} for c in clients]
+    graph = {0: [1, 2], 1: [0], 2: [3], 3: [0, 1, 2]}
+    algo.mix_neighbours(clients, data, graph, 1)
+    regrown = 0
+    for k, others in graph.items():
+        group = sorted({k, *others})
+        for n in algo.param_names:
+            total = sum(snapshot[j][n] * sent[j][n] for j in group)
+            count = sum(sent[j][n].float() for j in group)
+            expected = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total)) * new[k][n]
+            assert torch.allclose(clients[k].state[n], expected, atol=1e-6), (k, n)
+            regrown += int((new[k][n] & ~sent[k][n]).sum())
+    assert regrown > 0
+
+
+def test_prune_rate_follows_the_cosine_schedule_and_prune_regrow_keep_the_count():
+    assert anneal_rate(0.5, 0, 10) == 0.5 and anneal_rate(0.5, 5, 10) == pytest.approx(0.25)
+    assert anneal_rate(0.5, 10, 10) == pytest.approx(0.0)
+    weight = torch.tensor([0.5, -0.1, 0.0, 0.3, -0.9, 0.2])
+    pruned = torch.tensor([False, False, True, False, False, True])  # 4 active
+    rate = anneal_rate(0.5, 3, 10)  # 0.5/2 * (1 + cos(0.3π)) = 0.397 -> ⌈1.59⌉ = 2 pruned
+    count = math.ceil(rate * 4)
+    cut = prune_smallest(weight, pruned, count)
+    assert count == 2 and cut.tolist() == [False, True, True, True, False, True]  # |-0.1| and |0.3| go
+    grown = regrow(cut, count, torch.Generator().manual_seed(0))
+    assert int((~grown).sum()) == 4 and not (grown & ~cut).any()
+    by_gradient = regrow(cut, 2, torch.Generator(), scores=torch.tensor([9.0, 1.0, 5.0, 3.0, 9.0, 4.0]))
+    assert by_gradient.tolist() == [False, True, False, True, False, False]  # the two largest |g| among pruned
+
+
+def test_erk_densities_total_the_density_and_keep_1d_tensors_dense():
+    shapes = {"conv.weight": (16, 6, 5, 5), "conv.bias": (16,), "fc.weight": (120, 400), "head.weight": (10, 84)}
+    dens = layer_densities(shapes, 0.3)
+    numel = {n: math.prod(s) for n, s in shapes.items()}
+    assert sum(dens[n] * numel[n] for n in shapes) / sum(numel.values()) == pytest.approx(0.3)
+    assert dens["conv.bias"] == 1.0 and dens["fc.weight"] < dens["conv.weight"] < 1.0
+    masks = random_masks(shapes, dens, torch.Generator().manual_seed(0))
+    assert int(masks["fc.weight"].sum()) == int(dens["fc.weight"] * 48000)
+    assert layer_densities(shapes, 0.3, "uniform") == {n: 0.3 for n in shapes}
+
+
+def test_topologies():
+    clients = list(range(6))
+    ring = neighbours("ring", clients, 3, seed=0, rnd=1, num_clients=6)
+    assert all(len(v) == 2 for v in ring.values()) and ring[0] == [1, 5]
+    full = neighbours("full", clients, 3, seed=0, rnd=1, num_clients=6)
+    assert full[2] == [0, 1, 3, 4, 5]
+    r1 = neighbours("random", clients, 3, seed=0, rnd=1, num_clients=6)
+    assert r1 == neighbours("random", clients, 3, seed=0, rnd=1, num_clients=6)  # deterministic by seed
+    assert r1 != neighbours("random", clients, 3, seed=0, rnd=2, num_clients=6)  # time-varying
+    assert all(len(v) == 3 and k not in v for k, v in r1.items())
+    fixed = [neighbours("fixed", clients, 2, seed=0, rnd=r, num_clients=6) for r in (1, 2)]
+    assert fixed[0] == fixed[1]
+    some = active_clients(clients, 0.5, seed=0, rnd=3)
+    assert 1 <= len(some) < 6 and some == active_clients(clients, 0.5, seed=0, rnd=3)
+    assert set(neighbours("full", some, 3, 0, 3, 6)) == set(some)
+
+
+def test_traffic_is_active_entries_plus_mask_bits_per_pull():
+    sim = Simulation(tiny(algorithm="dispfl", num_clients=4, rounds=1, topology="random", num_neighbours=2,
+                          static_masks=True))
+    algo = sim.algorithm
+    graph = algo.neighbours(1, algo.participants(1))
+    sent = [algo.sent_entries(c) * 4 + sum(math.ceil(t.numel() / 8) for n, t in c.state.items() if n in algo.param_names)
+            for c in sim.clients]
+    result = next(sim.run())
+    for k, c in enumerate(result.clients):
+        pulls = sum(k in others for others in graph.values())
+        assert c.bytes_up == pulls * sent[k]
+        assert c.bytes_down == sum(sent[j] for j in graph[k])
+    assert sent[0] < 4 * sum(algo.numels.values())  # half the entries (plus a bit each) is less than dense
+
+
+def test_gradient_clip_bounds_the_step():
+    model = torch.nn.Linear(3, 2)
+    trainer = LocalTrainer(model, SGDSettings(lr=1.0, batch_size=8, momentum=0.0, weight_decay=0.0))
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x, y = torch.randn(8, 3) * 100, torch.randint(0, 2, (8,))
+    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in state}, seed=0, max_grad_norm=0.01)
+    step = torch.linalg.vector_norm(torch.cat([(new[n] - state[n]).reshape(-1) for n in state]))
+    assert step == pytest.approx(0.01, rel=1e-3)
+
+
+def test_a_short_dispfl_run_learns_on_digits():
+    config = tiny(algorithm="dispfl", dataset="digits", num_clients=10, partition="dirichlet", dir_alpha=0.3,
+                  rounds=10, local_epochs=3, lr=0.1, num_neighbours=3, model="lenet")
+    results = list(Simulation(config).run())
+    assert results[-1].mean("acc") > 0.7 and results[-1].mean("acc") > results[0].mean("acc") + 0.1
