@@ -46,9 +46,10 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import knob
 from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_smallest, random_masks, regrow
-from ..topology import TopologyParams, active_clients, neighbours
+from ..topology import TopologyParams
 from ..training import State, derive_seed
-from .base import Algorithm, ClientInfo, LocalStats, Traffic
+from .base import ClientInfo, LocalStats, Traffic
+from .dpsgd import DPSGD
 
 MIXED_DENSITIES = (0.2, 0.4, 0.6, 0.8, 1.0)
 REGROWTH = ("random", "gradient")
@@ -75,7 +76,9 @@ class DisPFLParams(TopologyParams):
         return display + (" (RSM)" if self.static_masks else "")
 
 
-class DisPFL(Algorithm):
+class DisPFL(DPSGD):
+    """D-PSGD's rounds (participants, topology) with sparse personalized models."""
+
     name = "dispfl"
     display = "DisPFL"
     Params = DisPFLParams
@@ -97,15 +100,6 @@ class DisPFL(Algorithm):
         client = ClientState(state=state)
         client.mask = {n: ~m for n, m in active.items()}
         return client
-
-    # ---------------------------------------------------------------- who, with whom
-    def participants(self, rnd: int) -> list[int]:
-        pool = [info.k for info in self.clients_info if info.seen]
-        return active_clients(pool, self.params.active, self.config.seed, rnd)
-
-    def neighbours(self, rnd: int, participants: Sequence[int]) -> dict[int, list[int]]:
-        return neighbours(self.params.topology, participants, self.params.num_neighbours, self.config.seed, rnd,
-                          len(self.clients_info))
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
