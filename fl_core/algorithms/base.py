@@ -95,6 +95,13 @@ class Algorithm:
     evaluates: ClassVar[str] = ""
 
     @classmethod
+    def has_server(cls) -> bool:
+        """Whether rounds go through a server (False: server-less, `neighbours` overridden, or no
+        communication). The busiest node of a server method is its server (it carries every
+        client's traffic); of a server-less one, the client with the most traffic."""
+        return cls.communicates and cls.neighbours is Algorithm.neighbours
+
+    @classmethod
     def evaluated_model(cls) -> str:
         return cls.evaluates or {"local": "after local training", "global": "after the broadcast"}[cls.acc_from]
 
