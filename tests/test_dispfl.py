@@ -140,3 +140,16 @@ def test_a_short_dispfl_run_learns_on_digits():
                   rounds=10, local_epochs=3, lr=0.1, num_neighbours=3, model="lenet")
     results = list(Simulation(config).run())
     assert results[-1].mean("acc") > 0.7 and results[-1].mean("acc") > results[0].mean("acc") + 0.1
+
+
+def test_flops_come_from_torchs_counter_per_layer_and_scale_with_density():
+    from fl_core.flops import layer_flops, sparse_flops
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    per_layer = layer_flops(model, (3,))
+    # forward 2·in·out per sample; backward: the weight gradient (2·in·out), plus the input
+    # gradient (2·in·out) for every layer but the first
+    assert per_layer == {"0": 2 * 3 * 4 * 2, "2": 2 * 4 * 2 * 3}
+    assert sparse_flops(per_layer, {"0": 0.5}) == 48 * 0.5 + 48
+    sim = Simulation(tiny(algorithm="dispfl", rounds=1))
+    metrics = next(sim.run()).clients[0].metrics
+    assert 0.4 < metrics["train_gflops"] / metrics["train_gflops_dense"] < 0.8  # density 0.5 over ERK layers

@@ -26,6 +26,8 @@ the complement: True = inactive, zero, never sent). A round, for each active cli
      local (they are buffers, not parameters).
 Traffic: a client sends its active entries (4 bytes each) plus its mask (1 bit per entry of
 every masked tensor) to each client that pulls from it; up and down are counted per client.
+Per client and round it also reports `density`, `mask_churn` (share of entries whose mask
+changed) and `train_gflops` / `train_gflops_dense` (fl_core/flops.py).
 
 Masks cover every parameter tensor; ERK makes the 1-D ones (biases, BN weights) dense [C:
 `calculate_sparsities`]. Each client draws its own random initial mask [C: `--different_initial`,
@@ -44,6 +46,7 @@ import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
+from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
 from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_smallest, random_masks, regrow
 from ..topology import TopologyParams
@@ -112,8 +115,21 @@ class DisPFL(DPSGD):
         client.extra["next_mask"] = new
         entries = sum(m.numel() for m in old.values())
         stats.metrics = {"density": 1 - sum(int(m.sum()) for m in new.values()) / entries,
-                         "mask_churn": hamming(old, new) / entries}
+                         "mask_churn": hamming(old, new) / entries} | self.training_gflops(old, data)
         return stats
+
+    def training_gflops(self, pruned: dict, data: ClientData) -> dict[str, float]:
+        """This round's training GFLOPs under the mask trained with, and dense (torch's FLOP
+        counter per layer, fl_core/flops.py); gradient regrowth adds one dense batch."""
+        if not hasattr(self, "layer_flops"):
+            self.layer_flops = layer_flops(self.trainer.model, tuple(data.x_train.shape[1:]))
+        density = {m: 1 - float(pruned[f"{m}.weight"].float().mean()) for m in self.layer_flops
+                   if f"{m}.weight" in pruned}
+        samples = self.config.local_epochs * data.n_train
+        dense = sparse_flops(self.layer_flops, {})
+        screening = min(self.config.batch_size, data.n_train) * dense if self.params.regrowth == "gradient" else 0.0
+        return {"train_gflops": (samples * sparse_flops(self.layer_flops, density) + screening) / 1e9,
+                "train_gflops_dense": samples * dense / 1e9}
 
     def search_mask(self, k: int, client: ClientState, data: ClientData, rnd: int, pruned: dict) -> dict:
         """Alg. 2: prune ⌈α_t · active⌉ smallest active weights per tensor, regrow as many."""
