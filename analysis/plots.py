@@ -7,6 +7,8 @@ Writes each figure as PNG and PDF and prints the paths:
   one), next to the clients' label-distribution similarity (cosine of train label histograms).
 - `personal_fraction_communication`: personal fraction and cumulative communication (MB) per round.
 - `final_acc_vs_knobs`: final FedSelect accuracy against each swept knob that varies.
+- `accuracy_vs_busiest_traffic`, `mask_hamming`: busiest-node traffic and DisPFL mask distances
+  (analysis.traffic).
 
 Where a method was run with several configurations in a setting, the curves show the configuration
 with the best final accuracy (mean over seeds). Per-round numbers are `fl_core.results.summarize_trial`
@@ -276,6 +278,8 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
         print("skipping mask IoU heatmap: no masks in these results")
     else:
         written += plot_mask_iou(masks, load_clients(sweeps), trials, out)
+    from analysis.traffic import build_traffic_outputs  # busiest-node traffic, DisPFL mask distances
+    written += build_traffic_outputs(sweeps, trials, out, masks)
 
     if selecting:
         print("skipping final accuracy vs knobs: a selection stage chose the knobs (see search_history)")

@@ -1,6 +1,6 @@
 """The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
 
-    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid}] [--out DIR]
+    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic}] [--out DIR]
                                          [--unfinished {mark,drop}]
 
 Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
@@ -8,6 +8,8 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
   limit     FedSelect (gradselect) by personalization limit α, at the most common p and epochs
   ablation  FedSelect variants × data settings
   grid      for each (data setting, local epochs): FedSelect p × α
+  traffic   (with DisPFL or D-PSGD) per method and setting: accuracy and the busiest node's total
+            MB, finished trials only (analysis.traffic)
 The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
 "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
@@ -44,7 +46,7 @@ from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 
-TABLES = ("methods", "limit", "ablation", "grid")
+TABLES = ("methods", "limit", "ablation", "grid", "traffic")  # traffic: analysis.traffic, from round rows
 
 
 class TableError(ValueError):
@@ -266,7 +268,7 @@ def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "ma
     trials = counted(trials, unfinished)
     if which == "auto":
         names = supported(trials) or ["methods"]
-    elif which in TABLES:
+    elif which in TABLES and which != "traffic":  # the traffic table needs round rows: build_tables
         names = [which]
     else:
         raise TableError(f"unknown table {which!r}; choose from auto, {', '.join(TABLES)}")
@@ -293,7 +295,8 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     written = {}
     if which == "auto" and not selection_rows(trials).empty:
         written["search_best"] = write_search_table(trials, out)
-    tables = make_tables(trials, which, unfinished) if not (written and final_rows(trials).empty) else {}
+    skip = which == "traffic" or (written and final_rows(trials).empty)
+    tables = make_tables(trials, which, unfinished) if not skip else {}
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         path = out / f"{name}.tex"
@@ -303,6 +306,9 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
             path.with_suffix(".md").write_text(to_markdown(table))
         if echo:
             print(to_markdown(table) if markdown else preview(table), end="\n\n")
+    from .traffic import traffic_wanted, write_traffic_table
+    if which == "traffic" or (which == "auto" and traffic_wanted(trials)):
+        written["traffic"] = write_traffic_table(paths, trials, out, markdown, echo)
     if echo:
         for path in written.values():
             print(f"wrote {path}")
