@@ -1,9 +1,9 @@
 """DisPFL study: DisPFL (decentralized sparse PFL) swept over density x topology x regrowth, with
-D-PSGD, FedAvg, FedSelect and Local as anchors, on Dir(0.3) clients of equal size. The study is
+D-PSGD, FedAvg, FedSelect, Ditto and Local as anchors, on Dir(0.3) clients of equal size. The study is
 studies/dispfl.toml; this script runs it with flags over it (`python sweeps/run.py
 studies/dispfl.toml` is the same).
 
-    python sweeps/dispfl.py                                     # digits, 36 runs
+    python sweeps/dispfl.py                                     # digits, 39 runs
     python sweeps/dispfl.py --dataset mnist --data-root ../shared/data --samples-per-client 200 \\
         --density 0.5 --topology random --regrowth random --local-epochs 2   # the README's MNIST table
     python sweeps/dispfl.py --num-neighbours 2 5 10 --anneal-factor 0.3 0.5 --static-masks false true
