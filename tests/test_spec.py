@@ -4,7 +4,7 @@ sweep folder plans exactly the same trials; staged selection plans (sweeps/stage
 import pytest
 
 from fl_core.config import RunConfig
-from sweeps import ablation, baselines, fedselect_grid
+from sweeps import ablation, baselines, dispfl, feature_shift, fedselect_grid
 from sweeps.errors import SweepError
 from sweeps.run import main as run_main
 from sweeps.spec import STUDIES, load_spec, parse_spec, resolved, save_spec, to_toml
@@ -30,7 +30,7 @@ def test_every_study_file_plans_and_its_resolved_copy_plans_the_same_trials(path
 
 
 def test_the_wrapper_scripts_are_their_files():
-    for study in (fedselect_grid.STUDY, baselines.STUDY, ablation.STUDY):
+    for study in (fedselect_grid.STUDY, baselines.STUDY, ablation.STUDY, feature_shift.STUDY, dispfl.STUDY):
         assert study.spec.parent == STUDIES and load_spec(study.spec).name == study.name
 
 
