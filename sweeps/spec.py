@@ -203,8 +203,10 @@ def check_spec(spec: StudySpec) -> None:
                 raise SweepError(f"{where}: anchor {method.algorithm}: {name} is a search range; anchors are not searched")
             _check_range(name, value, spec)
     keys = [(m.algorithm, repr(sorted(m.knobs.items()))) for m in spec.methods]
-    if len(set(keys)) != len(keys):
-        raise SweepError(f"{where}: a method entry is listed twice")
+    twice = sorted({algorithm for algorithm, knobs in keys if keys.count((algorithm, knobs)) > 1})
+    if twice:
+        raise SweepError(f"{where}: {', '.join(twice)} is listed twice with the same knobs (in the file, or once as "
+                         f"an anchor and once in --algorithms; --anchors NAME... sets the anchors)")
     if spec.search == "optuna" and not any(not m.anchor for m in spec.methods):
         raise SweepError(f"{where}: search kind = optuna needs a method that is not an anchor to search")
 

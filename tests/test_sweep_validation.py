@@ -38,7 +38,7 @@ from conftest import REPO
     (["--pers-rate", "0.1:0.5"], "pers_rate=0.1:0.5: a range needs search kind = optuna"),
     (["--dir-alpha", "0.1:0.5", "--search", "optuna"], "data settings are never searched"),
     (["--scheduler", "asha"], "a search or scheduler selects by validation accuracy"),
-    (["--search", "optuna", "--algorithms", "fedavg", "--anchors", "fedavg"], "a method entry is listed twice"),
+    (["--search", "optuna", "--algorithms", "fedavg", "--anchors", "fedavg"], "fedavg is listed twice with the same knobs"),
     (["--search", "optuna", "--val-fraction", "0.1", "--algorithms", "fedavg", "--anchors"], None),
     (["--participation", "0"], "participation=0.0 is outside the allowed range (0, 1]"),
     (["--ditto-lambda", "2"], "--ditto-lambda is a knob of ditto, but this study runs no trial of ditto"),
