@@ -5,7 +5,8 @@ studies/dispfl.toml` is the same).
 
     python sweeps/dispfl.py                                     # digits, 39 runs
     python sweeps/dispfl.py --dataset mnist --data-root ../shared/data --samples-per-client 200 \\
-        --density 0.5 --topology random --regrowth random --local-epochs 2   # the README's MNIST table
+        --density 0.5 --topology random --regrowth random --local-epochs 2 \\
+        --algorithms dispfl --anchors dpsgd fedavg fedselect local          # the README's MNIST table
     python sweeps/dispfl.py --num-neighbours 2 5 10 --anneal-factor 0.3 0.5 --static-masks false true
 
 Outputs as every study, plus tables/traffic.tex (final accuracy and busiest-node MB per method:
