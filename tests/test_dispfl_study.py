@@ -21,7 +21,7 @@ def test_dispfl_study_runs_with_its_anchors_and_writes_the_traffic_outputs(ray_c
     assert run_study(dispfl.STUDY, flags) == 0
     folder = tmp_path / "dp"
     trials = pd.read_parquet(folder / "trials.parquet")
-    assert sorted(trials.algorithm) == ["ditto", "dispfl", "dpsgd", "fedavg", "fedselect", "local"]
+    assert sorted(trials.algorithm) == ["dispfl", "ditto", "dpsgd", "fedavg", "fedselect", "local"]
     assert (trials.status == "COMPLETED").all()
     rounds = read_rounds(folder)
     sparse = rounds[rounds.algorithm == "dispfl"]
