@@ -169,31 +169,37 @@ def setting_label(values: Mapping[str, Any]) -> str:
     return f"{values['dataset']}{_source_options(values)}, {split}{_unseen_text(values)}"
 
 
-def _given(values: Mapping[str, Any], name: str, default: Any) -> Any:
-    """A knob's value in a row, or `default` where the row predates the knob (absent or NaN)."""
-    value = values.get(name, default)
-    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
+def _given(values: Mapping[str, Any], name: str) -> Any:
+    """A knob's value in a row, or its default where the row predates the knob (absent or NaN)."""
+    from .config import ADDED_KNOBS
+
+    value = values.get(name)
+    return ADDED_KNOBS[name] if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 def _source_options(values: Mapping[str, Any]) -> str:
     """The dataset options that differ from their defaults, e.g. ` (severity 5; clean,fog)`: two
     settings that differ only there never share a table column."""
+    from .config import ADDED_KNOBS
+
+    given = {name: _given(values, name) for name in ("severity", "corruptions", "image_size", "domainnet_classes")}
+    changed = {name: v for name, v in given.items() if v != ADDED_KNOBS[name]}
     parts = []
-    if _given(values, "severity", 3) != 3:
-        parts.append(f"severity {int(_given(values, 'severity', 3))}")
-    if _given(values, "corruptions", ""):
-        parts.append(str(values["corruptions"]).replace(" ", ""))
-    if _given(values, "image_size", None) is not None:
-        parts.append(f"{int(values['image_size'])} px")
-    if _given(values, "domainnet_classes", "top10") != "top10":
-        parts.append(f"{values['domainnet_classes']} classes")
+    if "severity" in changed:
+        parts.append(f"severity {int(changed['severity'])}")
+    if "corruptions" in changed:
+        parts.append(str(changed["corruptions"]).replace(" ", ""))
+    if "image_size" in changed:
+        parts.append(f"{int(changed['image_size'])} px")
+    if "domainnet_classes" in changed:
+        parts.append(f"{changed['domainnet_classes']} classes")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _unseen_text(values: Mapping[str, Any]) -> str:
-    held = [f"unseen {d}" for d in str(_given(values, "unseen_domains", "")).split(",") if d.strip()]
-    if int(_given(values, "unseen_clients", 0)):
-        held.append(f"{int(values['unseen_clients'])} unseen clients")
+    held = [f"unseen {d}" for d in str(_given(values, "unseen_domains")).split(",") if d.strip()]
+    if int(_given(values, "unseen_clients")):
+        held.append(f"{int(_given(values, 'unseen_clients'))} unseen clients")
     return f", {', '.join(held)}" if held else ""
 
 

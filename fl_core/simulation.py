@@ -226,8 +226,8 @@ class Simulation:
                                personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
                                seconds=0.0, pool="unseen")
         t0 = time.perf_counter()
-        mask = None if client.mask is None else {n: m.clone() for n, m in client.mask.items()}
-        joined = ClientState(state=dict(client.state), mask=mask, extra=dict(client.extra))
+        joined = ClientState(state=dict(client.state), mask=None if client.mask is None else client.mask.copy(),
+                             extra=dict(client.extra))
         down = 0
         if algo.communicates:
             algo.receive(joined)

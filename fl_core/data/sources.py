@@ -143,29 +143,29 @@ def _from_float(name: str, x_tr, y_tr, x_te, y_te, num_classes: int) -> Dataset:
 
 
 def _load_digits() -> Dataset:
-    """The split is scikit-learn's stratified `train_test_split`; importing scikit-learn takes
-    1-2.5 s (scipy), more than the rest of a small run's start, so the split arrays are cached
-    per scikit-learn version (`digits_cache_path`) and later runs read them without it."""
-    cache = digits_cache_path()
-    try:
-        with np.load(cache) as saved:
-            arrays = [saved[k] for k in ("x_tr", "y_tr", "x_te", "y_te")]
-    except (OSError, KeyError, ValueError):
-        arrays = _split_digits()
-        _write_cache(cache, dict(zip(("x_tr", "y_tr", "x_te", "y_te"), arrays)))
-    return _from_float("digits", *arrays, 10)
+    return _from_float("digits", *_digits_split(), 10)
 
 
 def _digits_uint8() -> tuple[np.ndarray, ...]:
     """The digits split as uint8 images (N, 8, 8) in 0..255 and labels (for `digits_c`)."""
+    x_tr, y_tr, x_te, y_te = _digits_split()
+    to_u8 = lambda x: np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
+    return to_u8(x_tr), y_tr, to_u8(x_te), y_te
+
+
+def _digits_split() -> list[np.ndarray]:
+    """(x_tr, y_tr, x_te, y_te), pixels in [0, 1]. The split is scikit-learn's stratified
+    `train_test_split`; importing scikit-learn takes 1-2.5 s (scipy), more than the rest of a
+    small run's start, so the split arrays are cached per scikit-learn version
+    (`digits_cache_path`) and later runs read them without it."""
     cache = digits_cache_path()
     try:
         with np.load(cache) as saved:
-            x_tr, y_tr, x_te, y_te = (saved[k] for k in ("x_tr", "y_tr", "x_te", "y_te"))
+            return [saved[k] for k in ("x_tr", "y_tr", "x_te", "y_te")]
     except (OSError, KeyError, ValueError):
-        x_tr, y_tr, x_te, y_te = _split_digits()
-    to_u8 = lambda x: np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
-    return to_u8(x_tr), y_tr, to_u8(x_te), y_te
+        arrays = _split_digits()
+        _write_cache(cache, dict(zip(("x_tr", "y_tr", "x_te", "y_te"), arrays)))
+        return arrays
 
 
 def _split_digits() -> list[np.ndarray]:
