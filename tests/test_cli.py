@@ -16,6 +16,17 @@ TINY = ["--dataset", "synthetic", "--num-clients", "4", "--shards-per-client", "
         "--batch-size", "16", "--threads", "1"]
 
 
+def test_cli_reports_seen_and_unseen_clients_apart(tmp_path, capsys):
+    assert main(TINY + ["--unseen-clients", "1", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rounds = pd.read_parquet(tmp_path / "rounds.parquet")
+    last = rounds[rounds["round"] == 2]
+    seen, unseen = last[last.pool == "seen"], last[last.pool == "unseen"]
+    assert len(seen) == 3 and len(unseen) == 1
+    assert f"final: acc {seen.acc.mean():.4f}" in out and "over 3 seen clients" in out
+    assert f"unseen: acc {unseen.acc.mean():.4f} over 1 held-out clients" in out
+
+
 def test_cli_writes_rounds_and_clients_parquet(tmp_path, capsys):
     assert main(TINY + ["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
