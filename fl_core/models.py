@@ -26,6 +26,7 @@ Parameter groups, defined here once for every method that needs them:
   (C), the head (D), each conv with its BatchNorm in cnn_bn and lenet_bn; for MobileNet, its widths 64-128 (A),
   256 (B), 512 (C) and 1024 (D). Stems, PreResNet's final BatchNorm and MobileNet's head belong to
   no block.
+- layer groups (`LAYER_GROUPS`, `layer_groups`): PerFedMask's units of freezing, covering the body.
 """
 from __future__ import annotations
 
@@ -47,6 +48,38 @@ _MOBILENET_BLOCKS = {b: tuple(f"layers.{i}." for i in idx)
                      for b, idx in (("A", range(0, 3)), ("B", range(3, 5)), ("C", range(5, 11)), ("D", range(11, 13)))}
 BLOCKS = {"lenet": _SMALL_BLOCKS, "cnn2": _SMALL_BLOCKS, "resnet18_cifar": _RESNET_BLOCKS, "resnet18": _RESNET_BLOCKS,
           "cnn_bn": _CNN_BN_BLOCKS, "lenet_bn": _CNN_BN_BLOCKS, "preresnet18": _RESNET_BLOCKS, "mobilenet_cifar": _MOBILENET_BLOCKS}
+
+
+# Layer groups (PerFedMask's Λ): the units a device trains or freezes whole, in forward order,
+# covering the body exactly (the head is never a group). As the authors group PreResNet-18 (stem
+# conv, 8 residual blocks, final BatchNorm) and MobileNet (stem, 13 separable blocks); the small
+# CNNs' groups are their layers, each conv with its BatchNorm.
+_RESNET_UNITS = tuple((f"layer{i}.{b}", (f"layer{i}.{b}.",)) for i in range(1, 5) for b in range(2))
+LAYER_GROUPS = {
+    "lenet": (("conv1", ("features.0.",)), ("conv2", ("features.3.",)), ("fc1", ("fc.0.",)), ("fc2", ("fc.2.",))),
+    "cnn2": (("conv1", ("features.0.",)), ("conv2", ("features.3.",)), ("fc1", ("fc.0.",))),
+    "cnn_bn": (("conv1", ("features.0.", "features.1.")), ("conv2", ("features.4.", "features.5.")),
+               ("fc1", ("fc.0.",))),
+    "lenet_bn": (("conv1", ("features.0.", "features.1.")), ("conv2", ("features.4.", "features.5.")),
+                 ("fc1", ("fc.0.",)), ("fc2", ("fc.2.",))),
+    "resnet18_cifar": (("stem", ("conv1.", "bn1.")),) + _RESNET_UNITS,
+    "resnet18": (("stem", ("conv1.", "bn1.")),) + _RESNET_UNITS,
+    "preresnet18": (("stem", ("conv1.",)),) + _RESNET_UNITS + (("final", ("bn4.",)),),
+    "mobilenet_cifar": (("stem", ("conv1.", "bn1.")),) + tuple((f"block{i}", (f"layers.{i}.",)) for i in range(13)),
+}
+
+
+def layer_groups(model_name: str, param_names: list[str]) -> list[tuple[str, list[str]]]:
+    """(group name, its parameter names) in forward order, over the body's parameters; raises if a
+    body parameter is in no group or in two (a registry error, caught by the tests)."""
+    groups = [(name, [p for p in param_names if p.startswith(prefixes)]) for name, prefixes in LAYER_GROUPS[model_name]]
+    body = [p for p in param_names if not is_head(model_name, p)]
+    placed = [p for _, members in groups for p in members]
+    if sorted(placed) != sorted(body):
+        missing, twice = set(body) - set(placed), {p for p in placed if placed.count(p) > 1}
+        raise ValueError(f"layer groups of {model_name} do not cover its body: missing {sorted(missing)}, "
+                         f"in two groups {sorted(twice)}")
+    return groups
 
 
 def is_head(model_name: str, param_name: str) -> bool:

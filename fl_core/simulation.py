@@ -162,7 +162,7 @@ class Simulation:
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
             losses[k] = stats.loss_sum / max(stats.samples, 1)
-            metrics[k] = _checked_metrics(algo.name, stats.metrics)
+            metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
             if evaluate:
                 after_local[k] = self._scores(client.state, d)
             seconds[k] += time.perf_counter() - t0

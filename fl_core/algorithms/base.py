@@ -21,7 +21,7 @@ and reads them from `self.params`.
 
 Hooks (override): setup, init_client, participants, local_update, aggregates_in, neighbours,
 shared_names, contribution, aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes,
-personalized_model, personal_fraction, state_dict, load_state_dict.
+personalized_model, personal_fraction, trained_entries, state_dict, load_state_dict.
 Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, and on `self.trainer`:
 evaluate, gradients; differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
@@ -93,6 +93,9 @@ class Algorithm:
     # Which model `acc` measures, in words for tables (the same training can be reported at two
     # points: FedSelect at p = 0 after local training, FedAvg after the broadcast).
     evaluates: ClassVar[str] = ""
+    # Add each client's training cost to its metrics: trainable_params (entries its local update
+    # changes) and fwd_mflops / bwd_mflops (per training sample, frozen layers known; fl_core/flops.py).
+    reports_cost: ClassVar[bool] = False
 
     @classmethod
     def has_server(cls) -> bool:
@@ -228,6 +231,30 @@ class Algorithm:
             return 1.0
         shared = set(self.shared_names())
         return sum(v for n, v in self.numels.items() if n not in shared) / sum(self.numels.values())
+
+    def trained_entries(self, k: int) -> UpdateSpec:
+        """What client k's local update trains, as an UpdateSpec (for the cost counters; all
+        parameters by default; methods that freeze layers or slice widths override it)."""
+        return self.full_update()
+
+    def training_cost(self, k: int, input_shape: tuple[int, ...]) -> dict[str, float]:
+        """{} unless `reports_cost`; else client k's trainable entries and per-sample forward and
+        backward MFLOPs of its local update (computed once per client: the methods that report it
+        train a fixed part of the model)."""
+        if not self.reports_cost:
+            return {}
+        cache = self.__dict__.setdefault("_cost", {})
+        if k not in cache:
+            from ..flops import training_flops  # the counter is only loaded by methods that report costs
+
+            spec = self.trained_entries(k)
+            densities = {n.rsplit(".", 1)[0]: float(m.float().mean()) for n, m in spec.items()
+                         if m is not None and n.endswith("weight")}
+            fwd, bwd = training_flops(self.trainer.model, input_shape, list(spec), densities)
+            cache[k] = {"trainable_params": float(sum(self.numels[n] if m is None else int(m.sum())
+                                                      for n, m in spec.items())),
+                        "fwd_mflops": fwd / 1e6, "bwd_mflops": bwd / 1e6}
+        return dict(cache[k])
 
     # ================================================================ hooks: save / restore
     def state_dict(self) -> dict[str, Any]:

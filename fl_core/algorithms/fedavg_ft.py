@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from ..training import State
+from ..training import State, UpdateSpec
 from .base import Algorithm
 
 
@@ -40,12 +40,15 @@ class FineTuneProtocol:
     """A method's fine-tuning defaults; `resolve` fills the knobs left at None."""
 
     min_epochs: int = 0            # epochs at least (on top of matching local_epochs)
+    epochs: int | None = None      # a fixed number instead (PerFedMask: 5; 0: acc is the un-tuned model)
     lr: float | None = None        # None: the round's scheduled training lr
     momentum: float | None = None  # None: the training momentum
 
     def resolve(self, params: FineTuneParams, local_epochs: int) -> tuple[int, float | None, float | None]:
         """(epochs, lr or None for the round's lr, momentum or None for the training one)."""
-        epochs = max(self.min_epochs, local_epochs) if params.ft_epochs is None else params.ft_epochs
+        epochs = params.ft_epochs
+        if epochs is None:
+            epochs = max(self.min_epochs, local_epochs) if self.epochs is None else self.epochs
         lr = self.lr if params.ft_lr is None else params.ft_lr
         momentum = self.momentum if params.ft_momentum is None else params.ft_momentum
         return epochs, lr, momentum
@@ -58,6 +61,11 @@ class FineTuning(Algorithm):
     acc_from = "custom"
     evaluates = "fine-tuned copy (acc_global: before fine-tuning)"
     protocol = FineTuneProtocol()
+    reports_cost = True  # PerFedMask's tables compare the fine-tuned methods' trainable parameters and FLOPs
+
+    def fine_tuned_entries(self, k: int) -> UpdateSpec:
+        """What fine-tuning changes: every parameter (HeteroFL: the client's slice)."""
+        return self.full_update()
 
     def fine_tune_settings(self) -> tuple[int, float | None, float | None]:
         return self.protocol.resolve(self.params, self.config.local_epochs)
@@ -68,7 +76,9 @@ class FineTuning(Algorithm):
         options = {"momentum": self.config.momentum if momentum is None else momentum}
         if lr is not None:  # else the round's scheduled training lr
             options["lr"] = lr
-        self.run_epochs(k, tuned, data, rnd, epochs, self.full_update(), purpose="finetune", **options)
+        if epochs == 0:
+            return client.state
+        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune", **options)
         return tuned.state
 
 

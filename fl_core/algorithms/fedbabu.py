@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..client_state import ClientState
 from ..data import ClientData
+from ..training import UpdateSpec
 from .base import LocalStats
 from .fedavg_ft import FineTuneProtocol, FineTuning
 
@@ -32,8 +33,10 @@ class FedBABU(FineTuning):
     protocol = FineTuneProtocol(min_epochs=5, lr=1e-3, momentum=0.9)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        body_only = {n: None for n in self.body_names}
-        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, body_only)
+        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.trained_entries(k))
+
+    def trained_entries(self, k: int) -> UpdateSpec:
+        return {n: None for n in self.body_names}  # the head stays at its initialisation
 
     def shared_names(self) -> list[str]:
         return self.body_names
