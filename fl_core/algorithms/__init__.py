@@ -30,6 +30,9 @@ _IMPLEMENTATIONS = {
     "fedbn": ("fedbn", "FedBN"),
     "dispfl": ("dispfl", "DisPFL"),
     "dpsgd": ("dpsgd", "DPSGD"),
+    "fedprox": ("fedprox", "FedProx"),
+    "fednova": ("fednova", "FedNova"),
+    "heterofl": ("heterofl", "HeteroFL"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 

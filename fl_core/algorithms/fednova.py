@@ -1,0 +1,126 @@
+"""FedNova — Wang, Liu, Liang, Joshi, Poor, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization", NeurIPS 2020 (a baseline of PerFedMask's poster, compared
+after fine-tuning).
+
+Evaluated per client: the broadcast global model (`acc_global`, as FedAvg). `acc` is that same
+model by default (`ft_epochs` 0); a study that sets `ft_epochs` (PerFedMask's personalisation: 5
+epochs, `ft_momentum` 0.9) gets `acc` after fine-tuning a copy on the client's data, with
+`acc_global` the accuracy before it. The fine-tuned copy is only evaluated.
+
+Clients that make different numbers of local steps pull FedAvg's average towards the optimum of
+the busier clients' objectives. FedNova averages *normalised* updates instead. Client i starts
+from the global model x, runs τ_i local SGD steps to x_i and reports a_i, the ℓ1 norm of its
+vector of step weights; the server computes
+
+    d_i = (x − x_i) / a_i,    τ_eff = Σ_i p_i a_i,    x ← x − τ_eff · Σ_i p_i d_i,
+
+p_i being the participants' aggregation weights (`weighting`: uniform or by sample count; they
+sum to 1). The learning rate is inside x − x_i and cancels nowhere: every client uses the round's.
+
+The step weights a_i, for this engine's optimiser. A local epoch makes τ = ⌈n_i / batch_size⌉
+steps of v ← ρ v + g, w ← w − lr·v with v = 0 at the start of each epoch (the engine restarts the
+momentum buffer with every pass). Unrolled, the gradient of step s enters v_t with weight ρ^(t−s)
+for t ≥ s, so it moves w by lr · Σ_{t=s..τ} ρ^(t−s) = lr · (1 − ρ^(τ−s+1)) / (1 − ρ). Summing over
+s = 1..τ gives
+
+    a(τ) = Σ_{j=1..τ} (1 − ρ^j)/(1 − ρ) = [τ − ρ(1 − ρ^τ)/(1 − ρ)] / (1 − ρ),   a(τ) = τ at ρ = 0,
+
+which is the paper's ||a_i||_1 for local momentum SGD (Section 5 and its appendix on momentum:
+a_i = [τ_i − ρ(1 − ρ^τ_i)/(1 − ρ)]/(1 − ρ)), and for plain SGD a_i = τ_i. As the buffer
+restarts every epoch, a client's a_i is the sum of a(τ) over its epochs; its τ_i the sum of τ.
+(On a loss with a constant gradient g, an epoch moves w by exactly lr·a(τ)·g: the tests check it.)
+
+With equal τ_i on every client (equal sizes, equal epochs), a_i = a for all i and the update is
+x − Σ p_i (x − x_i) = Σ p_i x_i, FedAvg's average (up to float rounding).
+
+`local_epochs_min` gives the paper's heterogeneous-work setting: each participant draws its
+number of epochs uniformly from {local_epochs_min, ..., local_epochs} every round, seeded by
+(seed, round, client). Unset, every client runs `local_epochs` and only unequal data sizes make
+τ_i differ. Per client, the Parquet rows carry `local_steps` (τ_i) and `nova_a` (a_i).
+
+Left out of the paper: its variants with server momentum and with FedProx's proximal term
+(FedNova's general form takes any local solver; here it is the engine's SGD). Buffers (BatchNorm
+running statistics) stay on the clients, as in FedAvg here.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..client_state import ClientState
+from ..config import RunConfig
+from ..data import ClientData
+from ..knobs import ConfigError, knob
+from ..training import LocalTrainer, derive_seed
+from .base import LocalStats, Traffic
+from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
+
+
+def momentum_steps_weight(steps: int, momentum: float) -> float:
+    """a(τ): the ℓ1 norm of the step weights of one pass of `steps` momentum-SGD steps whose buffer
+    starts at zero (see the module docstring); `steps` at momentum 0."""
+    if momentum == 0:
+        return float(steps)
+    rho = momentum
+    return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
+
+
+@dataclass(frozen=True)
+class FedNovaParams(FineTuneParams):
+    local_epochs_min: int | None = knob(None, "heterogeneous local work: each client draws its epochs per round "
+                                        "uniformly from [local_epochs_min, local_epochs] (none: every client runs "
+                                        "local_epochs)", low=1)
+
+
+class FedNova(FineTuning):
+    name = "fednova"
+    display = "FedNova"
+    Params = FedNovaParams
+    protocol = FineTuneProtocol(epochs=0)  # acc = the broadcast model unless a study sets ft_epochs
+    evaluates = "the broadcast model, fine-tuned when ft_epochs > 0 (acc_global: before fine-tuning)"
+
+    def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
+        super().__init__(config, trainer, model_name)
+        low = self.params.local_epochs_min
+        if low is not None and low > config.local_epochs:  # the knob cannot see local_epochs itself
+            raise ConfigError(f"local_epochs_min={low} is more than local_epochs={config.local_epochs}; "
+                              f"the epochs are drawn from [local_epochs_min, local_epochs]")
+
+    def epochs_of(self, k: int, rnd: int) -> int:
+        """Client k's local epochs in round `rnd`."""
+        low, high = self.params.local_epochs_min, self.config.local_epochs
+        if low is None or low == high:
+            return high
+        rng = np.random.default_rng(derive_seed(self.config.seed, rnd, k, "fednova_epochs"))
+        return int(rng.integers(low, high + 1))
+
+    def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
+        epochs = self.epochs_of(k, rnd)
+        stats = self.run_epochs(k, client, data, rnd, epochs, self.full_update())
+        per_epoch = math.ceil(data.x_train.shape[0] / self.config.batch_size)  # the steps of one pass
+        a = epochs * momentum_steps_weight(per_epoch, self.config.momentum)
+        client.extra["nova_a"] = a  # read (and dropped) by `aggregate`
+        stats.metrics = {"local_steps": float(epochs * per_epoch), "nova_a": a}
+        return stats
+
+    def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:
+        """x ← x − τ_eff Σ p_i (x − x_i)/a_i over the shared parameters; traffic as FedAvg's (each
+        participant sends its model and receives the new one)."""
+        weights = self.aggregation_weights(data)
+        norms = [float(c.extra.pop("nova_a")) for c in clients]
+        tau_eff = sum(p * a for p, a in zip(weights, norms))
+        for name in self.shared_names():
+            x = self.global_state[name]
+            direction = torch.zeros_like(x)
+            for client, p, a in zip(clients, weights, norms):
+                if a > 0:  # a client without a step (no training data) moved nowhere
+                    direction.add_(x - client.state[name], alpha=p / a)
+            self.global_state[name] = x - tau_eff * direction
+        sent = [self.sent_bytes(c) for c in clients]
+        for client in clients:
+            self.receive(client)
+        return Traffic(up=sent, down=list(sent))
