@@ -1,6 +1,6 @@
 """The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
 
-    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic}] [--out DIR]
+    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic,cost}] [--out DIR]
                                          [--unfinished {mark,drop}]
 
 Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
@@ -10,6 +10,9 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
   grid      for each (data setting, local epochs): FedSelect p × α
   traffic   (with DisPFL or D-PSGD) per method and setting: accuracy and the busiest node's total
             MB, finished trials only (analysis.traffic)
+  cost      (with methods that report their training cost: PerFedMask and its baselines) per method:
+            accuracy before / after fine-tuning per participation rate c, trainable parameters and
+            forward / backward FLOPs per sample, finished trials only (analysis.cost)
 The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
 "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
@@ -46,7 +49,8 @@ from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 
-TABLES = ("methods", "limit", "ablation", "grid", "traffic")  # traffic: analysis.traffic, from round rows
+TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost")  # traffic, cost: from round rows (build_tables)
+ROUND_TABLES = ("traffic", "cost")
 
 
 class TableError(ValueError):
@@ -268,7 +272,7 @@ def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "ma
     trials = counted(trials, unfinished)
     if which == "auto":
         names = supported(trials) or ["methods"]
-    elif which in TABLES and which != "traffic":  # the traffic table needs round rows: build_tables
+    elif which in TABLES and which not in ROUND_TABLES:  # tables from round rows: build_tables
         names = [which]
     else:
         raise TableError(f"unknown table {which!r}; choose from auto, {', '.join(TABLES)}")
@@ -295,7 +299,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     written = {}
     if which == "auto" and not selection_rows(trials).empty:
         written["search_best"] = write_search_table(trials, out)
-    skip = which == "traffic" or (written and final_rows(trials).empty)
+    skip = which in ROUND_TABLES or (written and final_rows(trials).empty)
     tables = make_tables(trials, which, unfinished) if not skip else {}
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
@@ -309,6 +313,9 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     from .traffic import traffic_wanted, write_traffic_table
     if which == "traffic" or (which == "auto" and traffic_wanted(trials)):
         written["traffic"] = write_traffic_table(paths, trials, out, markdown, echo)
+    from .cost import cost_wanted, write_cost_table
+    if which == "cost" or (which == "auto" and cost_wanted(trials)):
+        written["cost"] = write_cost_table(paths, trials, out, markdown, echo)
     if echo:
         for path in written.values():
             print(f"wrote {path}")

@@ -62,6 +62,13 @@ class DeviceParams(MethodParams):
     def validate(self) -> None:
         parse_ratios(self.slim_ratios)
 
+    def label(self, display: str) -> str:
+        """`PerFedMask`, or with non-default devices `PerFedMask (8-4-2-1, ν = 0.2)`: a table never
+        puts two device populations in one row."""
+        parts = ([] if self.slim_ratios == "8-1" else [self.slim_ratios]) + \
+                ([] if self.full_share is None else [f"ν = {self.full_share:g}"])
+        return f"{display} ({', '.join(parts)})" if parts else display
+
     def ratios(self, num_clients: int, profiles: Sequence[dict[str, float]] = ()) -> list[float]:
         """Each client's ratio: its profile's `ratio` where given, else the schedule."""
         schedule = device_ratios(self.slim_ratios, num_clients, self.full_share)

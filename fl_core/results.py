@@ -152,7 +152,7 @@ KNOB_SYMBOLS = {"pers_rate": "p", "pers_limit": "α", "ditto_lambda": "λ", "fed
 def setting_label(values: Mapping[str, Any]) -> str:
     """A data setting's display name, e.g. `digits, 2 shards`, `mnist, Dir(0.1)`, `digits, iid`,
     `digits, Dir(0.1) by class` (the `dirichlet_class` partition), `mnist_c, a client per domain`,
-    `mnist_c, Dir(0.5) per domain`."""
+    `mnist_c, Dir(0.5) per domain`, `mnist, 3 shards, c = 0.1` (a tenth of the clients per round)."""
     partition = values["partition"]
     if partition == "shards":
         split = f"{int(values['shards_per_client'])} shards"
@@ -166,7 +166,7 @@ def setting_label(values: Mapping[str, Any]) -> str:
         split = f"Dir({float(values['dir_alpha']):g}) per domain"
     else:
         split = str(partition)
-    return f"{values['dataset']}{_source_options(values)}, {split}{_unseen_text(values)}"
+    return f"{values['dataset']}{_source_options(values)}, {split}{_unseen_text(values)}{_participation_text(values)}"
 
 
 def _given(values: Mapping[str, Any], name: str) -> Any:
@@ -194,6 +194,15 @@ def _source_options(values: Mapping[str, Any]) -> str:
     if "domainnet_classes" in changed:
         parts.append(f"{changed['domainnet_classes']} classes")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _participation_text(values: Mapping[str, Any]) -> str:
+    """`, c = 0.1` when only a share of the clients takes part in each round (PerFedMask's c): the
+    same data under another participation rate is another federation, never one table column."""
+    share = values.get("participation")
+    if share is None or (isinstance(share, float) and math.isnan(share)) or float(share) >= 1.0:
+        return ""
+    return f", c = {float(share):g}"
 
 
 def _unseen_text(values: Mapping[str, Any]) -> str:
