@@ -33,6 +33,7 @@ _IMPLEMENTATIONS = {
     "fedprox": ("fedprox", "FedProx"),
     "fednova": ("fednova", "FedNova"),
     "heterofl": ("heterofl", "HeteroFL"),
+    "perfedmask": ("perfedmask", "PerFedMask"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 

@@ -1,0 +1,52 @@
+"""The PerFedMask study (studies/perfedmask.toml) end to end on a tiny setting: every method and
+both participation rates complete, the devices' costs reach Parquet, and the cost table sets
+accuracy before/after fine-tuning per c beside trainable parameters and FLOPs."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.cost import cost_table
+from sweeps import perfedmask
+from sweeps.parquet_sink import read_rounds
+from sweeps.spec import load_spec
+from sweeps.study import run_study
+
+METHODS = ["fedavg_ft", "fedbabu", "fednova", "fedprox", "heterofl", "perfedmask"]
+
+
+def test_the_study_file_is_the_posters_comparison():
+    spec = load_spec(perfedmask.STUDY.spec)
+    assert sorted({m.algorithm for m in spec.methods}) == METHODS
+    assert list(spec.knobs["participation"]) == [1.0, 0.1] and tuple(spec.seeds) == (0, 1, 2)
+    ablation = [m for m in spec.methods if "full_share" in m.knobs]
+    assert len(ablation) == 1 and list(ablation[0].knobs["full_share"]) == [0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+@pytest.mark.slow
+def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
+    flags = ["--dataset", "synthetic", "--num-clients", "8", "--samples-per-client", "none",
+             "--test-samples-per-client", "none", "--rounds", "2", "--eval-every", "1", "--local-epochs", "1",
+             "--participation", "1.0", "0.5", "--full-share", "0.25", "--ft-epochs", "1",
+             "--seeds", "0", "--results", str(tmp_path), "--name", "pm", "--verbose", "0"]
+    assert run_study(perfedmask.STUDY, flags) == 0
+    folder = tmp_path / "pm"
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert (trials.status == "COMPLETED").all() and len(trials) == 7 * 2  # flags override the file: ν = 0.25 at both c
+    assert set(trials.setting) == {"synthetic, 3 shards", "synthetic, 3 shards, c = 0.5"}
+    rounds = read_rounds(folder)
+    assert rounds["trainable_params"].notna().any() and rounds["bwd_mflops"].gt(0).any()
+    assert (folder / "tables" / "cost.tex").is_file()
+
+    cells, bold, caption = cost_table(folder, trials)
+    assert list(cells.columns.get_level_values(0).unique()) == ["c = 1", "c = 0.5", "Cost"]
+    assert list(cells.index) == ["FedAvg+FT", "FedBABU", "FedProx", "FedNova", "HeteroFL", "PerFedMask",
+                                 "PerFedMask (ν = 0.25)"]
+    params = cells[("Cost", "Params (K)")].astype(float)
+    # half the devices train at most 1/8 of the body: PerFedMask and HeteroFL train fewer parameters
+    assert params["PerFedMask"] < params["FedBABU"] < params["FedAvg+FT"]
+    assert params["HeteroFL"] < params["FedAvg+FT"] and params["PerFedMask (ν = 0.25)"] < params["PerFedMask"]
+    fwd, bwd = (cells[("Cost", h)].astype(float) for h in ("Fwd MFLOPs", "Bwd MFLOPs"))
+    assert fwd["PerFedMask"] == fwd["FedBABU"] and bwd["PerFedMask"] < bwd["FedBABU"]
+    assert cells.notna().all().all()
+    assert bold.to_numpy().sum() == 2 and "before and after fine-tuning" in caption
