@@ -167,3 +167,39 @@ def test_an_explicit_profile_overrides_the_schedule():
 def test_bad_device_knobs_are_one_clear_error(bad, message):
     with pytest.raises(ConfigError, match=message):
         tiny(**(RUN | bad))
+
+
+MODEL_SHAPES = {"lenet": (1, 28, 28), "cnn2": (1, 28, 28), "cnn_bn": (1, 28, 28), "lenet_bn": (1, 28, 28),
+                "resnet18_cifar": (3, 32, 32), "resnet18": (3, 32, 32), "preresnet18": (3, 32, 32),
+                "mobilenet_cifar": (3, 32, 32)}
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SHAPES))
+def test_every_registered_model_has_layer_groups_covering_its_body(model):
+    from fl_core.models import HEAD_PREFIX, build_model, is_head, layer_groups
+
+    assert set(MODEL_SHAPES) == set(HEAD_PREFIX)  # a new model needs its groups (and a line here)
+    names = [n for n, _ in build_model(model, MODEL_SHAPES[model], 10).named_parameters()]
+    groups = layer_groups(model, names)
+    members = [p for _, ps in groups for p in ps]
+    assert sorted(members) == sorted(n for n in names if not is_head(model, n)) and len(members) == len(set(members))
+    assert all(ps for _, ps in groups)  # no empty group
+    # the authors' groupings: PreResNet-18 10 (stem, 8 blocks, final BN), MobileNet 14
+    assert len(groups) == {"preresnet18": 10, "mobilenet_cifar": 14}.get(model, len(groups))
+
+
+def test_the_flop_counter_matches_a_hand_count_and_knows_frozen_layers():
+    from torch import nn
+
+    from fl_core.flops import training_flops
+
+    # Linear(4, 3) -> ReLU -> Linear(3, 2), per sample, 1 multiply-add = 2 FLOPs:
+    # forward 2·4·3 + 2·3·2 = 36; backward: layer 2's weight gradient (12) and input gradient (12),
+    # layer 1's weight gradient (24) and no input gradient (the data needs none) = 48
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    assert training_flops(net, (4,)) == (36, 48)
+    assert training_flops(net, (4,), ["2.weight", "2.bias"]) == (36, 12)  # nothing before layer 2 trains
+    assert training_flops(net, (4,), ["0.weight"]) == (36, 12 + 24)       # layer 2 frozen: input gradient only
+    assert training_flops(net, (4,), []) == (36, 0)
+    assert training_flops(net, (4,), densities={"0": 0.5}) == (12 + 12, 12 + 12 + 12)  # half of layer 1
+    assert all(p.requires_grad for p in net.parameters())  # flags restored
