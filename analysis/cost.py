@@ -23,7 +23,7 @@ import pandas as pd
 
 from analysis.load import load_rounds, unfinished
 from analysis.plots import best_trials
-from analysis.render import MISSING, frame_latex
+from analysis.render import MISSING, write_grouped_table
 from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.results import across_seeds, setting_label
 
@@ -108,26 +108,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     return cells, bold, caption
 
 
-def _markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
-    text = cells.fillna(MISSING).where(~bold, "**" + cells.fillna(MISSING) + "**")
-    rows = [" / ".join(r) if isinstance(r, tuple) else str(r) for r in text.index]
-    header = ["Method", *(f"{g}: {p}" for g, p in cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([r, *values]) + " |" for r, values in zip(rows, text.to_numpy().tolist())]
-    return "\n".join(lines) + f"\n\n{caption}\n"
-
-
 def write_cost_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False) -> Path:
     """Write `<out>/cost.tex` (and with `markdown` `<out>/cost.md`); returns the .tex file."""
     cells, bold, caption = cost_table(sweeps, trials)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "cost.tex"
-    latex_cells = cells.apply(lambda col: col.str.replace("±", r"$\pm$", regex=False))
-    latex_cells.columns.names = [None, None]
-    path.write_text(frame_latex(latex_cells, bold, caption, "cost"))
-    if markdown:
-        path.with_suffix(".md").write_text(_markdown(cells, bold, caption))
-    if echo:
-        print(_markdown(cells, bold, caption) if markdown else f"[cost] {caption}\n{cells.fillna(MISSING)}", end="\n\n")
-    return path
+    return write_grouped_table("cost", cells, bold, caption, out, markdown, echo)

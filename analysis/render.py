@@ -9,7 +9,9 @@ with the rounds those runs reached.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -196,3 +198,33 @@ def _rounds_reached(reached: list[tuple[float, float]]) -> str:
     if unknown:
         parts.append(f"round unknown for {unknown} run{'s' if unknown != 1 else ''}")
     return "; ".join(parts)
+
+
+def grouped_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
+    """A table with two-level columns (group, part) as Markdown: `group: part` headers, bold cells
+    in `**`, rows named by the index (a tuple index joined with " / ")."""
+    text = cells.fillna(MISSING).where(~bold, "**" + cells.fillna(MISSING) + "**")
+    rows = [" / ".join(map(str, r)) if isinstance(r, tuple) else str(r) for r in text.index]
+    header = ["Method", *(f"{group}: {part}" for group, part in cells.columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([r, *values]) + " |" for r, values in zip(rows, text.to_numpy().tolist())]
+    return "\n".join(lines) + f"\n\n{caption}\n"
+
+
+def write_grouped_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out,
+                        markdown: bool = False, echo: bool = False) -> Path:
+    """Write `<out>/<name>.tex` (booktabs, each column group centred over its parts) and with
+    `markdown` `<out>/<name>.md`; with `echo` print a preview. Returns the .tex file."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.tex"
+    latex_cells = cells.apply(lambda col: col.str.replace("±", r"$\pm$", regex=False))
+    latex_cells.columns.names = [None, None]
+    latex = frame_latex(latex_cells, bold, caption, name)
+    path.write_text(re.sub(r"\\multicolumn\{(\d+)\}\{r\}", r"\\multicolumn{\1}{c}", latex))
+    if markdown:
+        path.with_suffix(".md").write_text(grouped_markdown(cells, bold, caption))
+    if echo:
+        print(grouped_markdown(cells, bold, caption) if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING)}",
+              end="\n\n")
+    return path

@@ -28,7 +28,7 @@ import pandas as pd
 
 from analysis.load import load_clients, load_masks, load_rounds, unfinished
 from analysis.plots import _colors, _heatmap, _save, best_trials, cosine_matrix, method_curves
-from analysis.render import MISSING, frame_latex, summarize, unfinished_note
+from analysis.render import MISSING, summarize, unfinished_note, write_grouped_table
 from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
@@ -233,27 +233,7 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     return cells, marks, caption
 
 
-def _markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
-    text = cells.fillna(MISSING).where(~bold, "**" + cells.fillna(MISSING) + "**")
-    header = ["Method", *(f"{s}: {c}" for s, c in cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([str(m), *text.loc[m].tolist()]) + " |" for m in text.index]
-    return "\n".join(lines) + f"\n\n{caption}\n"
-
-
 def write_traffic_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False) -> Path:
     """Write `<out>/traffic.tex` (and with `markdown` `<out>/traffic.md`); returns the .tex file."""
     cells, bold, caption = traffic_table(sweeps, trials)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "traffic.tex"
-    latex_cells = cells.apply(lambda col: col.str.replace("±", r"$\pm$", regex=False))
-    latex_cells.columns.names = [None, None]
-    latex = frame_latex(latex_cells, bold, caption, "traffic")
-    path.write_text(latex.replace(r"\multicolumn{2}{r}", r"\multicolumn{2}{c}"))  # a setting centred over its pair
-    if markdown:
-        path.with_suffix(".md").write_text(_markdown(cells, bold, caption))
-    if echo:
-        print(_markdown(cells, bold, caption) if markdown else f"[traffic] {caption}\n{cells.fillna(MISSING)}",
-              end="\n\n")
-    return path
+    return write_grouped_table("traffic", cells, bold, caption, out, markdown, echo)
