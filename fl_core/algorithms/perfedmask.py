@@ -34,7 +34,9 @@ gradient; fl_core/flops.py).
 
 Differences from the authors' code: their BN layers keep no running statistics (ours do, local to
 each client as every method here); a device whose budget fits no group trains nothing (their
-greedy start refuses such masks); they solve the SCA with MOSEK, here Clarabel.
+greedy start refuses such masks); they solve the SCA with MOSEK, here Clarabel, and take the
+rounding of the last iterate, here the best rounding over the iterates, never worse than the
+greedy start (fl_core/mask_problem.py says why and by how much).
 """
 from __future__ import annotations
 
