@@ -1,10 +1,11 @@
 """PerFedMask's mask problem: greedy start vs SCA vs the exact optimum, objective and seconds.
 
-Rows: random small instances (exact by enumeration), random medium ones (exact MILP), and the
-authors' CIFAR-10 PreResNet-18 layer groups (10 groups: stem conv, 8 residual blocks, final BN; the
-linear head excluded) with budgets from the slim ratios "8-1" (first half of the devices psi = d_w/8,
-second half psi = d_w), at N = 20 (exact MILP under a time limit) and N = 100 (too large for the
-exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates, the default);
+Rows: random small instances (exact by enumeration), random medium ones (exact MILP), the PerFedMask
+study's instance (LeNet on 28x28 MNIST: 4 groups, 20 devices) and the authors' CIFAR-10
+PreResNet-18 layer groups (10 groups: stem conv, 8 residual blocks, final BN; the linear head
+excluded), all with budgets from the slim ratios "8-1" (first half of the devices psi = d_w/8,
+second half psi = d_w; fl_core.devices), PreResNet-18 at N = 20 (exact MILP under a time limit)
+and N = 100 (too large for the exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates, the default);
 `SCA-last` is the last iterate's rounding, the authors' rule (after budget repair).
 
     .venv/bin/python benchmarks/perfedmask_masks.py                  # about a minute on 2 cores
@@ -14,7 +15,6 @@ exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates, the
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -26,28 +26,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca  # noqa: E402
 
 
-def preresnet18_groups() -> tuple[list[str], np.ndarray]:
-    """Parameter counts of the authors' 10 CIFAR-10 PreResNet-18 layer groups, head excluded."""
-    from fl_core.models import build_model
+def model_groups(model: str, shape: tuple[int, int, int]) -> tuple[list[str], np.ndarray]:
+    """A registered model's PerFedMask layer groups (fl_core.models.layer_groups) and their sizes."""
+    from fl_core.models import build_model, layer_groups
 
-    sizes: dict[str, int] = {}
-    for name, param in build_model("preresnet18", (3, 32, 32), 10).named_parameters():
-        if name.startswith("linear."):
-            continue
-        block = re.match(r"layer\d+\.\d+\.", name)
-        group = "stem" if name.startswith("conv1.") else "final" if name.startswith("bn4.") else \
-            block.group(0)[:-1] if block else None
-        if group is None:
-            raise RuntimeError(f"parameter {name} belongs to no PerFedMask layer group")
-        sizes[group] = sizes.get(group, 0) + param.numel()
-    return list(sizes), np.array(list(sizes.values()))
+    params = dict(build_model(model, shape, 10).named_parameters())
+    groups = layer_groups(model, list(params))
+    return [g for g, _ in groups], np.array([sum(params[p].numel() for p in members) for _, members in groups])
 
 
 def slim_budgets(ratios: str, n: int, d_w: int) -> np.ndarray:
-    """SplitMix-style slim ratios "8-1": equal shares of the devices, in order, with psi = d_w / r."""
-    widths = [1.0 / float(r) for r in ratios.split("-")]
-    share = np.arange(n) * len(widths) // n
-    return np.array([widths[s] * d_w for s in share])
+    """psi_n = r_n * d_w with the devices' width ratios as PerFedMask runs get them (fl_core.devices)."""
+    from fl_core.devices import device_ratios
+
+    return np.array(device_ratios(ratios, n)) * d_w
 
 
 def random_problem(rng: np.random.Generator, n: int, j: int) -> MaskProblem:
@@ -77,12 +69,13 @@ def main() -> None:
     cases = [(f"random small {i}", random_problem(rng, int(rng.integers(3, 6)), int(rng.integers(3, 5))))
              for i in range(args.small)]
     cases += [(f"random medium {i}", random_problem(rng, 8, 6)) for i in range(args.medium)]
-    names, sizes = preresnet18_groups()
-    d_w = int(sizes.sum())
-    print(f"PreResNet-18 (CIFAR-10) groups, d_w = {d_w:,}: " + ", ".join(f"{n} {s:,}" for n, s in zip(names, sizes)))
-    for n in (args.mid, args.large):
-        if n:
-            cases.append((f"preresnet18 {args.ratios}", MaskProblem(sizes, slim_budgets(args.ratios, n, d_w))))
+    for model, shape, sizes_n in (("lenet", (1, 28, 28), (args.mid,)), ("preresnet18", (3, 32, 32), (args.mid, args.large))):
+        names, sizes = model_groups(model, shape)
+        d_w = int(sizes.sum())
+        print(f"{model} {shape} groups, d_w = {d_w:,}: " + ", ".join(f"{n} {s:,}" for n, s in zip(names, sizes)))
+        for n in sizes_n:
+            if n:
+                cases.append((f"{model} {args.ratios}", MaskProblem(sizes, slim_budgets(args.ratios, n, d_w))))
 
     header = (f"{'instance':<20} {'N':>4} {'J':>3} {'greedy':>12} {'SCA':>12} {'SCA-last':>12} {'exact':>12} "
               f"{'SCA/ex':>7} {'gr/ex':>7} {'iters':>5} {'t_gr':>6} {'t_sca':>6} {'t_ex':>6}")
