@@ -51,6 +51,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..devices import DeviceParams
 from ..knobs import knob
+from ..masks import Mask
 from ..mask_problem import MaskProblem, MaskSolution, solve
 from ..models import layer_groups
 from ..training import State, UpdateSpec
@@ -89,13 +90,13 @@ class PerFedMask(FineTuning):
         self.trains = [[p for j, (_, members) in enumerate(groups) if masks[k, j] for p in members]
                        for k in range(len(clients))]
         self.group_counts = masks.sum(axis=1).tolist()
+        self._not_sent = {n: torch.zeros_like(init[n], dtype=torch.bool) for n in self.body_names}  # read only
         return super().setup(init, clients)
 
     def init_client(self, k: int, init: State) -> ClientState:
-        """The client's mask marks its frozen body tensors: they are not sent (base `contribution`)."""
-        trained = set(self.trains[k])
-        frozen = {n: torch.ones_like(init[n], dtype=torch.bool) for n in self.body_names if n not in trained}
-        return ClientState(state={n: t.clone() for n, t in init.items()}, mask=frozen or None)
+        client = super().init_client(k, init)
+        client.extra["device"] = k  # which device it is: `contribution` looks up its frozen groups
+        return client
 
     def trained_entries(self, k: int) -> UpdateSpec:
         return {n: None for n in self.trains[k]}
@@ -111,6 +112,11 @@ class PerFedMask(FineTuning):
 
     def shared_names(self) -> list[str]:
         return self.body_names
+
+    def contribution(self, client: ClientState) -> Mask | None:
+        """A device sends the groups it trains; its frozen body tensors are not sent."""
+        trained = set(self.trains[client.extra["device"]])
+        return {n: m for n, m in self._not_sent.items() if n not in trained} or None
 
     def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:
         traffic = super().aggregate(clients, data, rnd)
