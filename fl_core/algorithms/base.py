@@ -239,22 +239,23 @@ class Algorithm:
 
     def training_cost(self, k: int, input_shape: tuple[int, ...]) -> dict[str, float]:
         """{} unless `reports_cost`; else client k's trainable entries and per-sample forward and
-        backward MFLOPs of its local update (computed once per client: the methods that report it
-        train a fixed part of the model)."""
+        backward MFLOPs of its local update, counted once per distinct `trained_entries` (devices
+        of one capability share a count: a hundred clients cost a few counter passes)."""
         if not self.reports_cost:
             return {}
+        spec = self.trained_entries(k)
+        key = tuple((n, 0 if m is None else m.data_ptr()) for n, m in spec.items())  # masks are cached tensors
         cache = self.__dict__.setdefault("_cost", {})
-        if k not in cache:
+        if key not in cache:
             from ..flops import training_flops  # the counter is only loaded by methods that report costs
 
-            spec = self.trained_entries(k)
             densities = {n.rsplit(".", 1)[0]: float(m.float().mean()) for n, m in spec.items()
                          if m is not None and n.endswith("weight")}
             fwd, bwd = training_flops(self.trainer.model, input_shape, list(spec), densities)
-            cache[k] = {"trainable_params": float(sum(self.numels[n] if m is None else int(m.sum())
-                                                      for n, m in spec.items())),
-                        "fwd_mflops": fwd / 1e6, "bwd_mflops": bwd / 1e6}
-        return dict(cache[k])
+            cache[key] = {"trainable_params": float(sum(self.numels[n] if m is None else int(m.sum())
+                                                        for n, m in spec.items())),
+                          "fwd_mflops": fwd / 1e6, "bwd_mflops": bwd / 1e6}
+        return dict(cache[key])
 
     # ================================================================ hooks: save / restore
     def state_dict(self) -> dict[str, Any]:

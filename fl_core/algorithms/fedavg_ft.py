@@ -72,12 +72,12 @@ class FineTuning(Algorithm):
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
         epochs, lr, momentum = self.fine_tune_settings()
+        if epochs == 0:  # the un-tuned model (PerFedMask's baselines unless a study fine-tunes them)
+            return client.state
         tuned = ClientState(state=dict(client.state))  # train_pass returns new tensors: no aliasing
         options = {"momentum": self.config.momentum if momentum is None else momentum}
         if lr is not None:  # else the round's scheduled training lr
             options["lr"] = lr
-        if epochs == 0:
-            return client.state
         self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune", **options)
         return tuned.state
 
