@@ -158,6 +158,11 @@ def test_an_explicit_profile_overrides_the_schedule():
         Simulation(tiny(**RUN), profiles=[{"ratio": 1.5}] * 8)
 
 
+def test_an_exact_solve_too_large_is_one_clear_error_before_training():
+    with pytest.raises(ConfigError, match=r"mask_solver='exact': .*too large for the exact solver.*solve_sca"):
+        Simulation(tiny(**(RUN | dict(mask_solver="exact", num_clients=80, partition="iid"))))
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(slim_ratios="0-1"), "slim_ratios='0-1' is not allowed"),
     (dict(slim_ratios="eight"), "slim_ratios='eight' is not allowed"),

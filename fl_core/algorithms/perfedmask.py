@@ -50,7 +50,7 @@ import torch
 from ..client_state import ClientState
 from ..data import ClientData
 from ..devices import DeviceParams
-from ..knobs import knob
+from ..knobs import ConfigError, knob
 from ..masks import Mask
 from ..mask_problem import MaskProblem, MaskSolution, solve
 from ..models import layer_groups
@@ -85,7 +85,10 @@ class PerFedMask(FineTuning):
         sizes = tuple(sum(self.numels[p] for p in members) for _, members in groups)
         self.ratios = self.params.ratios(len(clients), [info.profile for info in clients])
         budgets = tuple(r * sum(sizes) for r in self.ratios)
-        self.solution = _solve_cached(sizes, budgets, self.params.mask_solver)
+        try:
+            self.solution = _solve_cached(sizes, budgets, self.params.mask_solver)
+        except ValueError as err:  # e.g. `exact` on an instance too large for it: before any training
+            raise ConfigError(f"mask_solver={self.params.mask_solver!r}: {err}") from None
         masks = np.asarray(self.solution.masks, dtype=bool)
         self.trains = [[p for j, (_, members) in enumerate(groups) if masks[k, j] for p in members]
                        for k in range(len(clients))]
