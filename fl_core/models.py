@@ -12,6 +12,9 @@ BatchNorm for feature shift (FedBN, PerFedMask).
 | preresnet18     | pre-activation ResNet-18 of PerFedMask's CIFAR experiments (after HeteroFL) |
 | mobilenet_cifar | MobileNet (v1) for 32x32 inputs, PerFedMask's CIFAR-100 model               |
 
+The small CNNs (`WIDTH_MODELS`) can be built at a width w ∈ (0, 1]: every hidden layer's C channels
+or units become ⌈w·C⌉ (image channels and classes unchanged; at w = 1 the very same model).
+
 Every model with BatchNorm keeps running statistics (buffers), so that a method may keep them
 local (FedBN) and evaluation uses them. `load_init_weights` initialises a built model from a
 local state-dict file (the `init_weights` knob; nothing is downloaded).
@@ -30,6 +33,7 @@ Parameter groups, defined here once for every method that needs them:
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -107,36 +111,49 @@ def resolve_model_name(name: str, input_shape: tuple[int, int, int]) -> str:
     return "cnn2" if input_shape[1] >= 32 else "lenet"
 
 
-class LeNet(nn.Module):
-    """LeNet-5 style CNN; same-padded convolutions so that 8x8 inputs work too."""
+# The models that can be built narrower (`width` < 1: Split-Mix's base models).
+WIDTH_MODELS = ("lenet", "cnn2", "cnn_bn", "lenet_bn")
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+
+def scaled(channels: int, width: float) -> int:
+    """A hidden layer's channel or unit count at `width`: ⌈width·C⌉ (C itself at width 1)."""
+    return channels if width == 1.0 else math.ceil(width * channels)
+
+
+class LeNet(nn.Module):
+    """LeNet-5 style CNN; same-padded convolutions so that 8x8 inputs work too. `width` scales
+    every hidden channel and unit count (`scaled`)."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
         super().__init__()
+        c1, c2, h1, h2 = (scaled(c, width) for c in (6, 16, 120, 84))
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        flat = 16 * (image_size // 4) ** 2
-        self.fc = nn.Sequential(nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
-        self.head = nn.Linear(84, num_classes)
+        flat = c2 * (image_size // 4) ** 2
+        self.fc = nn.Sequential(nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU())
+        self.head = nn.Linear(h2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.fc(self.features(x)))
 
 
 class CNN2(nn.Module):
-    """The 2-conv CNN of McMahan et al. (2017), used by FedAvg and many PFL papers."""
+    """The 2-conv CNN of McMahan et al. (2017), used by FedAvg and many PFL papers (`width` as
+    in LeNet)."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
         super().__init__()
+        c1, c2, h = (scaled(c, width) for c in (32, 64, 512))
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        self.fc = nn.Sequential(nn.Linear(64 * (image_size // 4) ** 2, 512), nn.ReLU())
-        self.head = nn.Linear(512, num_classes)
+        self.fc = nn.Sequential(nn.Linear(c2 * (image_size // 4) ** 2, h), nn.ReLU())
+        self.head = nn.Linear(h, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.fc(self.features(x)))
@@ -146,17 +163,18 @@ class CNNBN(nn.Module):
     """CNN2 (same convolutions, pooling and head) with a BatchNorm2d after each convolution and a
     256-unit hidden linear layer instead of 512, to stay fast on CPU. Unlike the FedBN paper's
     digit model, the hidden linear layer has no BatchNorm1d: the trainer's last mini-batch of a
-    pass may hold one sample, on which BatchNorm1d cannot train."""
+    pass may hold one sample, on which BatchNorm1d cannot train. `width` as in LeNet."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
         super().__init__()
+        c1, c2, h = (scaled(c, width) for c in (32, 64, 256))
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, 5, padding=2), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
         )
-        self.fc = nn.Sequential(nn.Linear(64 * (image_size // 4) ** 2, 256), nn.ReLU())
-        self.head = nn.Linear(256, num_classes)
+        self.fc = nn.Sequential(nn.Linear(c2 * (image_size // 4) ** 2, h), nn.ReLU())
+        self.head = nn.Linear(h, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.fc(self.features(x)))
@@ -166,11 +184,12 @@ class LeNetBN(LeNet):
     """LeNet with a BatchNorm2d after each convolution (no BatchNorm1d, as cnn_bn): about 7x
     faster than cnn_bn on CPU at 28x28, so a feature-shift sweep of several methods fits minutes."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
-        super().__init__(in_channels, num_classes, image_size)
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
+        super().__init__(in_channels, num_classes, image_size, width)
+        c1, c2 = scaled(6, width), scaled(16, width)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5, padding=2), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, 5, padding=2), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
         )
 
@@ -261,24 +280,30 @@ def _resnet18(in_channels: int, num_classes: int, cifar_stem: bool) -> nn.Module
     return model
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """Instantiate a registered model for inputs of shape (C, H, W)."""
-    channels, height, width = input_shape
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: float = 1.0) -> nn.Module:
+    """Instantiate a registered model for inputs of shape (C, H, W); `width` < 1 builds one of
+    `WIDTH_MODELS` with ⌈width·C⌉ of every hidden layer's C channels or units."""
+    channels, height, image_width = input_shape
     name = resolve_model_name(name, input_shape)
-    if height != width:
+    if height != image_width:
         raise ConfigError(f"input shape {input_shape} is not square; the registry's models expect square images")
+    if not 0 < width <= 1:
+        raise ConfigError(f"model width {width!r} is outside (0, 1]")
+    if width != 1.0 and name not in WIDTH_MODELS:
+        raise ConfigError(f"model {name!r} cannot be built at width {width:g}; models with a width: "
+                          f"{', '.join(WIDTH_MODELS)}")
     if name == "lenet":
-        return LeNet(channels, num_classes, height)
+        return LeNet(channels, num_classes, height, width)
     if name == "cnn2":
-        return CNN2(channels, num_classes, height)
+        return CNN2(channels, num_classes, height, width)
     if name == "resnet18_cifar":
         return _resnet18(channels, num_classes, cifar_stem=True)
     if name == "resnet18":
         return _resnet18(channels, num_classes, cifar_stem=False)
     if name == "cnn_bn":
-        return CNNBN(channels, num_classes, height)
+        return CNNBN(channels, num_classes, height, width)
     if name == "lenet_bn":
-        return LeNetBN(channels, num_classes, height)
+        return LeNetBN(channels, num_classes, height, width)
     if name == "preresnet18":
         return PreResNet18(channels, num_classes)
     if name == "mobilenet_cifar":

@@ -30,7 +30,7 @@ from .algorithms.base import ClientInfo, Traffic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
-from .models import build_model, load_init_weights, resolve_model_name
+from .models import load_init_weights, resolve_model_name
 from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
 
@@ -119,7 +119,8 @@ class Simulation:
         self.model_name = resolve_model_name(config.model, data.input_shape)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(config.seed, "init"))
-            model = build_model(self.model_name, data.input_shape, data.num_classes)
+            model = get_algorithm(config.algorithm).build_model(config, self.model_name, data.input_shape,
+                                                                 data.num_classes)
         if config.init_weights is not None:  # every client and the server start from these weights
             load_init_weights(model, config.init_weights)
         model.to(self.device)

@@ -27,7 +27,7 @@ def record_passes(sim):
 
 
 def test_the_fine_tuning_methods_are_the_expected_ones():
-    assert set(FINE_TUNING) == {"fedavg_ft", "fedbabu", "fedprox", "fednova", "heterofl", "perfedmask"}
+    assert set(FINE_TUNING) == {"fedavg_ft", "fedbabu", "fedprox", "fednova", "heterofl", "splitmix", "perfedmask"}
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg_ft", "fedbabu"])
@@ -42,7 +42,8 @@ def test_fine_tuning_budget_is_never_below_the_local_update(algorithm, local_epo
         assert local == local_epochs and tuning >= local, (k, tuning, local)
 
 
-@pytest.mark.parametrize("algorithm, epochs", [("perfedmask", 5), ("fedprox", 0), ("fednova", 0), ("heterofl", 0)])
+@pytest.mark.parametrize("algorithm, epochs", [("perfedmask", 5), ("fedprox", 0), ("fednova", 0), ("heterofl", 0),
+                                               ("splitmix", 0)])
 def test_fixed_fine_tuning_budgets(algorithm, epochs):
     """PerFedMask fine-tunes 5 epochs whatever the local update (the authors' personalization);
     PerFedMask's baselines report the un-tuned model unless a study sets ft_epochs."""

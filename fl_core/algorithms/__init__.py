@@ -33,6 +33,7 @@ _IMPLEMENTATIONS = {
     "fedprox": ("fedprox", "FedProx"),
     "fednova": ("fednova", "FedNova"),
     "heterofl": ("heterofl", "HeteroFL"),
+    "splitmix": ("splitmix", "SplitMix"),
     "perfedmask": ("perfedmask", "PerFedMask"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)

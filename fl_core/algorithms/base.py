@@ -19,9 +19,10 @@ The simulation (fl_core/simulation.py) calls, every round t (1-based):
 "custom". A method declares its own knobs as `Params` (a `MethodParams` dataclass in its file)
 and reads them from `self.params`.
 
-Hooks (override): setup, init_client, participants, local_update, aggregates_in, neighbours,
-shared_names, contribution, aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes,
-personalized_model, personal_fraction, trained_entries, state_dict, load_state_dict.
+Hooks (override): build_model (the network the run trains, built once before `setup`), setup,
+init_client, participants, local_update, aggregates_in, neighbours, shared_names, contribution,
+aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes, personalized_model,
+personal_fraction, trained_entries, state_dict, load_state_dict.
 Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, and on `self.trainer`:
 evaluate, gradients; differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
@@ -35,8 +36,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .. import models
 from ..client_state import ClientState
 from ..config import RunConfig
 from ..data import ClientData
@@ -121,6 +123,14 @@ class Algorithm:
         self.clients_info: list[ClientInfo] = []
 
     # ================================================================ hooks: set-up
+    @classmethod
+    def build_model(cls, config: RunConfig, model_name: str, input_shape: tuple[int, int, int],
+                    num_classes: int) -> nn.Module:
+        """The one network every client's state runs on, built by the simulation under its seeded
+        RNG before anything else; the registered model by default (Split-Mix: an ensemble of
+        narrow copies of it)."""
+        return models.build_model(model_name, input_shape, num_classes)
+
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
         """Before round 1, with every client's sizes and capability profile (a server-side
         problem such as PerFedMask's masks is solved here)."""
