@@ -12,7 +12,7 @@ from sweeps.parquet_sink import read_rounds
 from sweeps.spec import load_spec
 from sweeps.study import run_study
 
-METHODS = ["fedavg_ft", "fedbabu", "fednova", "fedprox", "heterofl", "perfedmask"]
+METHODS = ["fedavg_ft", "fedbabu", "fednova", "fedprox", "heterofl", "perfedmask", "splitmix"]
 
 
 def test_the_study_file_is_the_posters_comparison():
@@ -32,7 +32,7 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
     assert run_study(perfedmask.STUDY, flags) == 0
     folder = tmp_path / "pm"
     trials = pd.read_parquet(folder / "trials.parquet")
-    assert (trials.status == "COMPLETED").all() and len(trials) == 7 * 2  # flags override the file: ν = 0.25 at both c
+    assert (trials.status == "COMPLETED").all() and len(trials) == 8 * 2  # flags override the file: ν = 0.25 at both c
     assert set(trials.setting) == {"synthetic, 3 shards", "synthetic, 3 shards, c = 0.5"}
     rounds = read_rounds(folder)
     assert rounds["trainable_params"].notna().any() and rounds["bwd_mflops"].gt(0).any()
@@ -40,12 +40,13 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
 
     cells, bold, caption = cost_table(folder, trials)
     assert list(cells.columns.get_level_values(0).unique()) == ["c = 1", "c = 0.5", "Cost"]
-    assert list(cells.index) == ["FedAvg+FT", "FedBABU", "FedProx", "FedNova", "HeteroFL", "PerFedMask",
-                                 "PerFedMask (ν = 0.25)"]
+    assert list(cells.index) == ["FedAvg+FT", "FedBABU", "FedProx", "FedNova", "HeteroFL", "Split-Mix FL",
+                                 "PerFedMask", "PerFedMask (ν = 0.25)"]
     params = cells[("Cost", "Params (K)")].astype(float)
     # half the devices train at most 1/8 of the body: PerFedMask and HeteroFL train fewer parameters
     assert params["PerFedMask"] < params["FedBABU"] < params["FedAvg+FT"]
     assert params["HeteroFL"] < params["FedAvg+FT"] and params["PerFedMask (ν = 0.25)"] < params["PerFedMask"]
+    assert params["Split-Mix FL"] < params["HeteroFL"]  # a 1/8 device trains one base; a full one all 8
     fwd, bwd = (cells[("Cost", h)].astype(float) for h in ("Fwd MFLOPs", "Bwd MFLOPs"))
     assert fwd["PerFedMask"] == fwd["FedBABU"] and bwd["PerFedMask"] < bwd["FedBABU"]
     assert cells.notna().all().all()
