@@ -67,6 +67,10 @@ class FineTuning(Algorithm):
         """What fine-tuning changes: every parameter (HeteroFL: the client's slice)."""
         return self.full_update()
 
+    def fine_tune_options(self, k: int) -> dict:
+        """Extra `train_pass` options of client k's fine-tuning (Split-Mix: its bases' loss)."""
+        return {}
+
     def fine_tune_settings(self) -> tuple[int, float | None, float | None]:
         return self.protocol.resolve(self.params, self.config.local_epochs)
 
@@ -78,7 +82,8 @@ class FineTuning(Algorithm):
         options = {"momentum": self.config.momentum if momentum is None else momentum}
         if lr is not None:  # else the round's scheduled training lr
             options["lr"] = lr
-        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune", **options)
+        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune",
+                        **options, **self.fine_tune_options(k))
         return tuned.state
 
 

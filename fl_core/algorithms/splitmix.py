@@ -183,16 +183,7 @@ class SplitMix(FineTuning):
         n = self.counts[k]
         return {"trainable_params": float(n * numel), "fwd_mflops": n * fwd / 1e6, "bwd_mflops": n * bwd / 1e6}
 
-    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
-        """The client's state (its `active` buffer selects its mix), or a copy whose k_n bases are
-        fine-tuned on the sum of their cross-entropies."""
-        epochs, lr, momentum = self.fine_tune_settings()
-        if epochs == 0:
-            return client.state
-        tuned = ClientState(state=dict(client.state))
-        options = {"momentum": self.config.momentum if momentum is None else momentum}
-        if lr is not None:
-            options["lr"] = lr
-        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune",
-                        loss_fn=sum_of_base_losses(list(range(self.counts[k]))), **options)
-        return tuned.state
+    def fine_tune_options(self, k: int) -> dict:
+        """Fine-tuning changes the device's own bases 0..k_n-1, on the sum of their cross-entropies
+        (its `active` buffer then scores their mix)."""
+        return {"loss_fn": sum_of_base_losses(list(range(self.counts[k])))}
