@@ -55,6 +55,23 @@ def _reduce_dims(x: Tensor) -> list[int]:
     return [d for d in range(x.dim()) if d != 1]
 
 
+def run_with_input_hooks(model: nn.Module, layers: Sequence[tuple[str, nn.Module]], hook_for, x: Tensor,
+                         batch_size: int | None) -> None:
+    """One pass of `x` (in chunks of `batch_size`) through `model` in eval mode with a forward
+    pre-hook `hook_for(name)` on each named layer; the mode and the hooks are restored after."""
+    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in layers]
+    was_training = model.training
+    model.eval()
+    try:
+        step = x.shape[0] if batch_size is None else batch_size
+        for start in range(0, x.shape[0], step):
+            model(x[start:start + step])
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+
+
 @torch.no_grad()
 def client_bn_stats(model: nn.Module, x: Tensor, batch_size: int | None = None) -> BNStats:
     """Per-channel (mean, biased variance) of every BatchNorm layer's input over all of `x`: one
@@ -76,17 +93,7 @@ def client_bn_stats(model: nn.Module, x: Tensor, batch_size: int | None = None) 
                 sums[name] = [s, ss, count]
         return hook
 
-    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        step = x.shape[0] if batch_size is None else batch_size
-        for start in range(0, x.shape[0], step):
-            model(x[start:start + step])
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
+    run_with_input_hooks(model, layers, hook_for, x, batch_size)
     out: BNStats = {}
     for name, module in layers:
         if name not in sums:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .bn_mixing import bn_layers, client_bn_stats
+from .bn_mixing import bn_layers, client_bn_stats, run_with_input_hooks
 
 HIDDEN = 100
 INIT_GAIN = 0.1
@@ -141,17 +141,7 @@ def layer_input_stats(model: nn.Module, x: Tensor, batch_size: int | None = None
             acc[2] += inp.numel()
         return hook
 
-    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        step = x.shape[0] if batch_size is None else batch_size
-        for start in range(0, x.shape[0], step):
-            model(x[start:start + step])
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
+    run_with_input_hooks(model, layers, hook_for, x, batch_size)
     if len(order) != len(layers):
         unreached = [n for n, _ in layers if n not in sums]
         raise RuntimeError(f"layer(s) not reached by the forward pass: {', '.join(unreached)}")
