@@ -62,8 +62,9 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     finished = trials[~late & trials.get("trainable_params_mean", pd.Series(np.nan, index=trials.index)).notna()]
     if finished.empty:
         raise TableError("cost table: no finished trial reported its training cost (trainable_params)")
-    rates = sorted(finished["participation"].astype(float).unique(), reverse=True)
-    chosen = pd.concat([best_trials(finished[finished["participation"].astype(float) == c]) for c in rates])
+    finished = finished.assign(participation=finished["participation"].astype(float))
+    rates = sorted(finished["participation"].unique(), reverse=True)
+    chosen = pd.concat([best_trials(finished[finished["participation"] == c]) for c in rates])
     # the data setting without its participation rate (c is this table's column groups)
     chosen["setting"] = [setting_label(row | {"participation": 1.0}) for row in chosen.to_dict("records")]
     # A device's cost does not depend on c or the seed, but under c < 1 only sampled devices
@@ -82,7 +83,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             row = (setting, method) if many else method
             mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
             for c in rates:
-                at = mine[mine["participation"].astype(float) == c]
+                at = mine[mine["participation"] == c]
                 cells.loc[row, (_c_label(c), "Before FT")] = _pm(at["acc_global_mean"]) if len(at) else None
                 cells.loc[row, (_c_label(c), "After FT")] = _pm(at["acc_mean"]) if len(at) else None
             if (setting, method) in cost_of.index:
@@ -91,7 +92,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
                 cells.loc[row, ("Cost", "Fwd MFLOPs")] = f"{cost['fwd_mflops']:.3f}"
                 cells.loc[row, ("Cost", "Bwd MFLOPs")] = f"{cost['bwd_mflops']:.3f}"
         for c in rates:  # bold: the best mean after fine-tuning per setting and c
-            at = chosen[(chosen["setting"] == setting) & (chosen["participation"].astype(float) == c)]
+            at = chosen[(chosen["setting"] == setting) & (chosen["participation"] == c)]
             means = at.groupby("method")["acc_mean"].mean()
             if len(means):
                 best = means.idxmax()

@@ -23,14 +23,14 @@ Hooks (override): build_model (the network the run trains, built once before `se
 init_client, participants, local_update, aggregates_in, neighbours, shared_names, contribution,
 aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes, personalized_model,
 personal_fraction, trained_entries, state_dict, load_state_dict.
-Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, and on `self.trainer`:
+Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, withheld, and on `self.trainer`:
 evaluate, gradients; differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -174,6 +174,18 @@ class Algorithm:
         """Bool masks of the entries this client sends (None: all of them). A client's mask marks
         the entries that never leave it (FedSelect: personal; LotteryFL: pruned)."""
         return None if client.mask is None else {n: ~m for n, m in client.mask.items()}
+
+    def withheld(self, names: Iterable[str]) -> Mask | None:
+        """A contribution that sends nothing of the tensors `names` (whole tensors the client did not
+        train: PerFedMask's frozen groups, Split-Mix's other bases) and all of the rest; None when
+        `names` is empty. Each all-False mask is made once and shared, read only, by every client."""
+        cache = self.__dict__.setdefault("_withheld", {})
+        out = {}
+        for n in names:
+            if n not in cache:
+                cache[n] = torch.zeros_like(self.trainer.params[n], dtype=torch.bool)
+            out[n] = cache[n]
+        return out or None
 
     def aggregation_weights(self, data: Sequence[ClientData]) -> list[float]:
         if self.config.weighting == "samples":

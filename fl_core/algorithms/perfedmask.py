@@ -93,7 +93,6 @@ class PerFedMask(FineTuning):
         self.trains = [[p for j, (_, members) in enumerate(groups) if masks[k, j] for p in members]
                        for k in range(len(clients))]
         self.group_counts = masks.sum(axis=1).tolist()
-        self._not_sent = {n: torch.zeros_like(init[n], dtype=torch.bool) for n in self.body_names}  # read only
         return super().setup(init, clients)
 
     def init_client(self, k: int, init: State) -> ClientState:
@@ -119,7 +118,7 @@ class PerFedMask(FineTuning):
     def contribution(self, client: ClientState) -> Mask | None:
         """A device sends the groups it trains; its frozen body tensors are not sent."""
         trained = set(self.trains[client.extra["device"]])
-        return {n: m for n, m in self._not_sent.items() if n not in trained} or None
+        return self.withheld(n for n in self.body_names if n not in trained)
 
     def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:
         traffic = super().aggregate(clients, data, rnd)

@@ -128,8 +128,6 @@ class SplitMix(FineTuning):
         self.widths = self.params.ratios(len(clients), [info.profile for info in clients])
         self.counts = [min(self.m, max(1, round(r * self.m))) for r in self.widths]
         self.base_names = [[n for n in self.param_names if n.startswith(f"bases.{i}.")] for i in range(self.m)]
-        # One all-False mask per parameter, shared read-only by every client's contribution.
-        self._nothing = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in self.trainer.params.items()}
         return super().setup(init, clients)
 
     def init_client(self, k: int, init: State) -> ClientState:
@@ -160,7 +158,7 @@ class SplitMix(FineTuning):
     def contribution(self, client: ClientState) -> Mask | None:
         """Nothing of the bases the client did not train this round (None when it trained all)."""
         trained = set(client.extra["bases"])
-        return {n: self._nothing[n] for i in range(self.m) if i not in trained for n in self.base_names[i]} or None
+        return self.withheld(n for i in range(self.m) if i not in trained for n in self.base_names[i])
 
     # ---------------------------------------------------------------- costs and evaluation
     def trained_entries(self, k: int) -> UpdateSpec:
