@@ -97,6 +97,10 @@ class RunConfig:
                                     "the seeded random init, e.g. pretrained weights; loaded with weights_only=True, "
                                     "its keys and shapes must match the model's. Only the path enters the config "
                                     "hash, not the file's content; none = random init", added=True)
+    pretrained: str = knob("", "config hash of a pretraining run whose final model every client and the server start "
+                           "from (the first stage of a two-stage study, FedL2P): its checkpoint "
+                           "<checkpoint_dir>/<hash>.pt must exist and come from this run's data and model "
+                           "(fl_core/checkpoints.py); empty = none", added=True)
     rounds: int = knob(20, "communication rounds", low=1)
     participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
     eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
@@ -115,6 +119,9 @@ class RunConfig:
     download: bool = knob(False, "download mnist/cifar10 if missing (needs internet)", data=True, semantic=False)
     device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
     threads: int | None = knob(None, "torch CPU threads (none = torch's default)", low=1, semantic=False)
+    checkpoint_dir: str | None = knob(None, "folder of model checkpoints <config_hash>.pt: where `pretrained` is read "
+                                      "from, and where `python -m fl_core` writes the run's final model when given; "
+                                      "a sweep uses <sweep>/checkpoints (none = ./checkpoints)", semantic=False)
     # ---- the chosen method's own knobs (declared in its algorithm file)
     method: MethodParams = field(default=None, compare=True)  # type: ignore[assignment]
 
@@ -156,6 +163,13 @@ class RunConfig:
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
+        if self.pretrained:
+            if self.init_weights is not None:
+                raise ConfigError("give either pretrained (a pretraining run's config hash) or init_weights (a state "
+                                  "dict file), not both")
+            if not (len(self.pretrained) == 12 and all(c in "0123456789abcdef" for c in self.pretrained)):
+                raise ConfigError(f"pretrained={self.pretrained!r} is not a config hash (12 hex digits, as "
+                                  f"RunConfig.config_hash() and the results' config_hash column give)")
 
     def _canonical_corruptions(self) -> None:
         """One spelling per set of domains (one hash): names without spaces, and the source's

@@ -30,6 +30,7 @@ from .algorithms.base import ClientInfo, Traffic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
+from .data.catalog import input_shape_of
 from .models import load_init_weights, resolve_model_name
 from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
@@ -110,6 +111,9 @@ class Simulation:
         self.device = resolve_device(config.device)
         if config.init_weights is not None and not Path(config.init_weights).expanduser().is_file():
             raise ConfigError(f"init_weights={config.init_weights!r}: no such file")  # before loading any data
+        if config.pretrained:  # a missing or mismatched pretraining fails here, before any data is loaded
+            from .checkpoints import read_pretrained
+            read_pretrained(config, resolve_model_name(config.model, input_shape_of(config.dataset, config.image_size)))
         data = load_data(config) if data is None else data
         if len(data.clients) != config.num_clients:
             raise ConfigError(f"data has {len(data.clients)} clients but num_clients={config.num_clients}")
@@ -123,6 +127,9 @@ class Simulation:
                                                                  data.num_classes)
         if config.init_weights is not None:  # every client and the server start from these weights
             load_init_weights(model, config.init_weights)
+        if config.pretrained:
+            from .checkpoints import load_pretrained
+            load_pretrained(config, self.model_name, model)
         model.to(self.device)
         sgd = SGDSettings(lr=config.lr, batch_size=config.batch_size, momentum=config.momentum,
                           weight_decay=config.weight_decay)
@@ -194,6 +201,7 @@ class Simulation:
                     acc, acc_val = self._scores(algo.personalized_model(k, current, d, rnd), d)
                 else:
                     acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
+                metrics[k] = metrics.get(k, {}) | _checked_metrics(algo.name, algo.evaluation_metrics(k, current, d))
             seconds[k] += time.perf_counter() - t0
             results.append(ClientRound(
                 client=k, participated=k in taking_part, acc_local=acc_local, acc_global=acc_global, acc=acc,
@@ -247,13 +255,20 @@ class Simulation:
                            acc_val=acc_val, loss=float(stats.loss_sum) / max(stats.samples, 1), n_train=d.n_train,
                            n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(joined),
                            bytes_up=0, bytes_down=down, seconds=time.perf_counter() - t0,
-                           metrics=_checked_metrics(algo.name, stats.metrics), pool="unseen")
+                           metrics=_checked_metrics(algo.name, stats.metrics | algo.evaluation_metrics(k, joined, d)),
+                           pool="unseen")
 
     def _scores(self, model, d: ClientData) -> tuple[float, float]:
         """(test accuracy, validation accuracy or NaN) of a state or predictor on client data."""
         acc = self.trainer.evaluate(model, d.x_test, d.y_test) / d.n_test
         val = self.trainer.evaluate(model, d.x_val, d.y_val) / d.n_val if d.n_val else NAN
         return acc, val
+
+    def final_model(self) -> dict[str, torch.Tensor]:
+        """The model this run hands to a second stage (`fl_core.checkpoints.server_model`)."""
+        from .checkpoints import server_model
+        seen = [c.state for k, c in enumerate(self.clients) if k not in self.data.unseen]
+        return server_model(self.algorithm.global_state, seen, self.algorithm.shared_names())
 
     # ---------------------------------------------------------------- save / restore
     def state_dict(self) -> dict[str, Any]:

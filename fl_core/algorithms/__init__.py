@@ -35,6 +35,9 @@ _IMPLEMENTATIONS = {
     "heterofl": ("heterofl", "HeteroFL"),
     "splitmix": ("splitmix", "SplitMix"),
     "perfedmask": ("perfedmask", "PerFedMask"),
+    "ft": ("ft", "FineTune"),
+    "l2p": ("l2p", "L2P"),
+    "fedl2p": ("fedl2p", "FedL2P"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 

@@ -22,7 +22,7 @@ and reads them from `self.params`.
 Hooks (override): build_model (the network the run trains, built once before `setup`), setup,
 init_client, participants, local_update, aggregates_in, neighbours, shared_names, contribution,
 aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes, personalized_model,
-personal_fraction, trained_entries, state_dict, load_state_dict.
+evaluation_metrics, personal_fraction, trained_entries, state_dict, load_state_dict.
 Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, withheld, and on `self.trainer`:
 evaluate, gradients; differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
@@ -244,6 +244,11 @@ class Algorithm:
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State | Predictor:
         """`acc_from = "custom"`: the model evaluated as client k's, a state or a predictor."""
         raise NotImplementedError(f"{self.name} evaluates acc_{self.acc_from}, not a custom model")
+
+    def evaluation_metrics(self, k: int, client: ClientState, data: ClientData) -> dict[str, float]:
+        """Client k's own numbers about the model it is scored with, on evaluated rounds (FedL2P:
+        its policy per layer); they join the method's metrics as Parquet columns."""
+        return {}
 
     def personal_fraction(self, client: ClientState) -> float:
         """Share of all parameter entries that never leave the client: everything for a method

@@ -1,0 +1,175 @@
+"""FedL2P: Federated Learning to Personalize (Lee et al., NeurIPS 2023;
+`../shared/papers/fedl2p_neurips2023.txt`, authors' code royson/fedl2p).
+
+The model is pretrained (`pretrained`, the study's first stage) and never changes. What is learned,
+through FL, is λ: BNNet (a client's BN-statistics KL features -> β per BN layer) and LRNet (its
+per-layer input mean/SD -> a learning rate per parameter tensor, times the learnable η̃). Round t:
+the sampled clients get λ; each computes its statistics from the pretrained model (once) and
+makes `meta_steps` (the authors' K = 3) meta iterations on λ (`fl_core.fedl2p.personalize.
+meta_step`: fine-tune e epochs under its policy, a tracked look-ahead step, the validation loss,
+the IFT hypergradient with Q = 3, ψ = 0.1, clipped to [−1, 1], SGD with ζ = 1e-3 / 1e-3 / 1e-4)
+and sends λ_i back; the server averages them weighted by training samples (FedAvg on the
+meta-nets only: the bytes are λ's). The server keeps the λ whose round had the lowest
+sample-weighted mean validation loss (measured by the clients with the λ they received) and stops
+meta-training after `patience` rounds without improvement (the authors' early stopping).
+
+Evaluated per client (`acc`): the pretrained model fine-tuned for e epochs under the policy the
+kept λ gives that client, scored under its BN mixing (as FT: `fl_core/algorithms/ft.py`).
+`acc_global` is the pretrained model. Unseen clients (`unseen_clients`, `unseen_domains`) never
+meta-train; they are scored with the kept λ applied to their own statistics.
+
+Ablations (Tables 5 and 8): `meta_nets = bnnet` (η fixed at `lr`), `lrnet` (β fixed at
+`fixed_beta`, 0 or 1), `meta_grad = fomaml` (FOMAML+ instead of the IFT hypergradient).
+Per-client metrics each round it takes part: `val_loss`, `hypergrad_seconds`, and its policy
+(`beta_mean`, `eta_mean`, `sparsity` = share of tensors at rate 0); on evaluated rounds every
+client's evaluated policy per layer (`beta:<BN layer>`, `eta:<tensor>`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..client_state import ClientState
+from ..data import ClientData
+from ..fedl2p.personalize import META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics
+from ..knobs import ConfigError, knob
+from ..training import derive_seed
+from .base import BYTES_PER_ENTRY, LocalStats, Traffic
+from .ft import Personalizing, PersonalizeParams
+
+META_NETS = ("both", "bnnet", "lrnet")
+
+
+@dataclass(frozen=True)
+class FedL2PParams(PersonalizeParams):
+    meta_nets: str = knob("both", "which meta-nets learn: both; bnnet = BNNet only (every rate fixed at lr); lrnet = "
+                          "LRNet only (beta fixed at fixed_beta)", choices=META_NETS)
+    fixed_beta: float = knob(1.0, "meta_nets = lrnet: the fixed BN mixing coefficient (the paper's ablations: 0, 1)",
+                             low=0, high=1)
+    meta_grad: str = knob("ift", "meta-gradient: ift = implicit function theorem with a Neumann series; fomaml = "
+                          "FOMAML+ (the validation loss's direct gradient through the look-ahead step)",
+                          choices=META_GRADS)
+    meta_steps: int = knob(3, "meta iterations K per client per round (the authors' outer_loop_epochs)", low=1)
+    neumann_steps: int = knob(3, "Neumann series terms Q of the inverse Hessian", low=0)
+    neumann_psi: float = knob(0.1, "Neumann series step psi", low=0, low_open=True)
+    meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0)
+    meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0)
+    meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0)
+    patience: int = knob(50, "rounds without a lower mean validation loss before meta-training stops", low=1)
+
+    def validate(self) -> None:
+        if self.meta_nets != "lrnet" and self.fixed_beta != 1.0:
+            raise ConfigError(f"fixed_beta={self.fixed_beta} applies to meta_nets=lrnet only (BNNet learns beta)")
+
+    def label(self, display: str) -> str:
+        parts = {"bnnet": ["BNNet"], "lrnet": [f"LRNet, β = {self.fixed_beta:g}"]}.get(self.meta_nets, [])
+        if self.meta_grad == "fomaml":
+            parts.append("FOMAML+")
+        return f"{display} ({', '.join(parts)})" if parts else display
+
+
+class FedL2P(Personalizing):
+    name = "fedl2p"
+    display = "FedL2P"
+    Params = FedL2PParams
+    communicates = True
+    needs_validation = True
+
+    # ---------------------------------------------------------------- λ
+    def setup(self, init, clients):
+        p = self.params
+        self.nets = MetaNets(self.trainer.model, self.config.lr, use_bnnet=p.meta_nets != "lrnet",
+                             use_lrnet=p.meta_nets != "bnnet", fixed_beta=p.fixed_beta)
+        self.meta_state = self.lambda_state()          # the broadcast λ
+        self.best_state = dict(self.meta_state)        # the kept λ (lowest mean validation loss)
+        self.best_loss, self.stale_rounds = float("inf"), 0
+        return super().setup(init, clients)
+
+    def lambda_state(self) -> dict[str, torch.Tensor]:
+        return {n: t.detach().clone() for n, t in self.nets.state_dict().items()}
+
+    def settings(self) -> MetaStepSettings:
+        p = self.params
+        return MetaStepSettings(epochs=p.ft_epochs, batch_size=self.config.batch_size, meta_grad=p.meta_grad,
+                                neumann_steps=p.neumann_steps, neumann_psi=p.neumann_psi, lr_bn=p.meta_lr_bn,
+                                lr_lr=p.meta_lr_lr, lr_post=p.meta_lr_post)
+
+    def start_lambda(self, client: ClientState) -> dict[str, torch.Tensor]:
+        """The λ client k starts its meta iterations from: the broadcast one."""
+        return self.meta_state
+
+    def meta_stopped(self) -> bool:
+        return self.stale_rounds >= self.params.patience
+
+    # ---------------------------------------------------------------- the client
+    def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
+        stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
+        if not self.clients_info[k].seen or self.meta_stopped():
+            return stats  # a newcomer is scored with the kept λ; early-stopped: nothing more to learn
+        inputs = self.client_inputs(k, client, data)
+        self.nets.load_state_dict(self.start_lambda(client))
+        metrics = policy_metrics(self.nets.policy(inputs).detached(), self.nets.bn_names)
+        losses, seconds = [], 0.0
+        for step in range(self.params.meta_steps):
+            out = meta_step(self.trainer.model, self.nets, client.state, inputs, data.x_train, data.y_train,
+                            data.x_val, data.y_val, self.settings(), derive_seed(self.config.seed, rnd, k, step, "meta"))
+            losses.append(out["val_loss"])
+            seconds += out["hypergrad_seconds"]
+        client.extra["meta"] = self.lambda_state()
+        client.extra["val_loss"] = torch.tensor(losses[0], dtype=torch.float64)  # of the λ it received
+        return LocalStats(stats.loss_sum, 0, metrics | {"val_loss": losses[0], "val_loss_after": losses[-1],
+                                                        "hypergrad_seconds": seconds})
+
+    # ---------------------------------------------------------------- the server
+    def lambda_bytes(self) -> int:
+        return sum(t.numel() for t in self.meta_state.values()) * BYTES_PER_ENTRY
+
+    def sent_bytes(self, client: ClientState) -> int:
+        return self.lambda_bytes()
+
+    def aggregate(self, clients, data, rnd: int) -> Traffic:
+        """FedAvg of the participants' λ (by training samples); keep the best λ (patience)."""
+        trained = [(c, d) for c, d in zip(clients, data) if "meta" in c.extra]
+        if trained:
+            total = sum(d.n_train for _, d in trained)
+            weights = [d.n_train / total for _, d in trained]
+            loss = sum(w * float(c.extra["val_loss"]) for w, (c, _) in zip(weights, trained))
+            if loss < self.best_loss:  # the λ the clients received this round was the best so far
+                self.best_loss, self.best_state, self.stale_rounds = loss, dict(self.meta_state), 0
+            else:
+                self.stale_rounds += 1
+            self.meta_state = {n: sum(w * c.extra["meta"][n] for w, (c, _) in zip(weights, trained))
+                               for n in self.meta_state}
+            for c, _ in trained:
+                del c.extra["meta"], c.extra["val_loss"]
+        sent = [self.lambda_bytes() if any(c is t for t, _ in trained) else 0 for c in clients]
+        return Traffic(up=sent, down=list(sent))
+
+    def receive(self, client: ClientState) -> None:
+        """Clients fetch λ at the start of their meta step; the model never travels."""
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluated_lambda(self, client: ClientState) -> dict[str, torch.Tensor]:
+        """The λ a client is scored with: the kept one (the broadcast one before any was scored)."""
+        return self.best_state if self.best_loss < float("inf") else self.meta_state
+
+    def policy(self, k: int, client: ClientState, data: ClientData) -> Policy:
+        self.nets.load_state_dict(self.evaluated_lambda(client))
+        with torch.no_grad():
+            return self.nets.policy(self.client_inputs(k, client, data)).detached()
+
+    def evaluation_metrics(self, k: int, client: ClientState, data: ClientData) -> dict[str, float]:
+        return policy_metrics(self.policy(k, client, data), self.nets.bn_names, per_layer=True)
+
+    # ---------------------------------------------------------------- save / restore
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"meta": self.meta_state, "best": self.best_state,
+                                       "best_loss": torch.tensor(self.best_loss, dtype=torch.float64),
+                                       "stale_rounds": self.stale_rounds}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        super().load_state_dict(d)
+        self.meta_state, self.best_state = d["meta"], d["best"]
+        self.best_loss, self.stale_rounds = float(d["best_loss"]), int(d["stale_rounds"])
