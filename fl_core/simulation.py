@@ -169,7 +169,7 @@ class Simulation:
                 down[k] += algo.sent_bytes(client)
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
-            losses[k] = stats.loss_sum / max(stats.samples, 1)
+            losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
             metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
             if evaluate:
                 after_local[k] = self._scores(client.state, d)

@@ -34,9 +34,13 @@ def _comparable(value):
 
 
 def metrics(results):
-    """Every number of every round except wall-clock seconds (NaN compared as equal)."""
-    return [[{k: _comparable(v) for k, v in dataclasses.asdict(c).items() if k != "seconds"} for c in r.clients]
-            for r in results]
+    """Every number of every round except wall-clock seconds (the `seconds` field and a method's
+    `*_seconds` metrics; NaN compared as equal)."""
+    def timeless(row):
+        row = {k: v for k, v in row.items() if k != "seconds"}
+        row["metrics"] = {k: v for k, v in row["metrics"].items() if not k.endswith("seconds")}
+        return row
+    return [[_comparable(timeless(dataclasses.asdict(c))) for c in r.clients] for r in results]
 
 
 def restore_mid_run(config: RunConfig, folder: Path, at: int = 2):

@@ -80,8 +80,11 @@ class FedL2P(Personalizing):
     # ---------------------------------------------------------------- λ
     def setup(self, init, clients):
         p = self.params
-        self.nets = MetaNets(self.trainer.model, self.config.lr, use_bnnet=p.meta_nets != "lrnet",
-                             use_lrnet=p.meta_nets != "bnnet", fixed_beta=p.fixed_beta)
+        with torch.random.fork_rng(devices=[]):  # a seeded initial λ, whatever ran before
+            torch.manual_seed(derive_seed(self.config.seed, "metanets"))
+            self.nets = MetaNets(self.trainer.model, self.config.lr, use_bnnet=p.meta_nets != "lrnet",
+                                 use_lrnet=p.meta_nets != "bnnet", fixed_beta=p.fixed_beta)
+        self.nets.to(next(self.trainer.model.parameters()).device)
         self.meta_state = self.lambda_state()          # the broadcast λ
         self.best_state = dict(self.meta_state)        # the kept λ (lowest mean validation loss)
         self.best_loss, self.stale_rounds = float("inf"), 0

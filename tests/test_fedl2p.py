@@ -1,0 +1,212 @@
+"""FedL2P, L2P and FT (BN C/G/I) on a pretrained model: the properties that define them, and the
+checkpoint that links the two stages."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fl_core.checkpoints import save_model
+from fl_core.config import ConfigError, RunConfig
+from fl_core.fedl2p.personalize import Policy, fine_tune
+from fl_core.simulation import Simulation
+from tests.conftest import metrics, restore_mid_run
+
+DATA = dict(dataset="synthetic", num_clients=4, partition="dirichlet_class", dir_alpha=0.5, model="lenet_bn",
+            val_fraction=0.25, batch_size=16, threads=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A FedAvg pretraining's checkpoint: (its config, the checkpoint folder)."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    config = RunConfig(algorithm="fedavg", rounds=2, lr=0.05, checkpoint_dir=str(folder), **DATA)
+    sim = Simulation(config)
+    list(sim.run())
+    save_model(config, sim.model_name, sim.final_model())
+    return config, folder
+
+
+def stage2(stage1, algorithm: str, **knobs) -> RunConfig:
+    config, folder = stage1
+    values = DATA | dict(algorithm=algorithm, pretrained=config.config_hash(), checkpoint_dir=str(folder), rounds=2,
+                         lr=0.02, ft_epochs=2) | knobs
+    return RunConfig(**values)
+
+
+def fix_policy(sim: Simulation, beta: float) -> None:
+    """Make FedL2P's meta-nets output β = `beta` and η = lr for every client (last layers: zero
+    weights, constant biases) and freeze them (meta learning rates 0)."""
+    nets = sim.algorithm.nets
+    nets.load_state_dict(sim.algorithm.meta_state)
+    with torch.no_grad():
+        for net, bias in ((nets.bnnet, beta), (nets.lrnet, 1.0)):
+            net.net[-1].weight.zero_()
+            net.net[-1].bias.fill_(bias)
+    sim.algorithm.meta_state = sim.algorithm.best_state = sim.algorithm.lambda_state()
+
+
+def test_fedl2p_with_beta_one_and_base_rates_is_ft_bn_c_bit_for_bit(pretrained):
+    frozen = dict(meta_lr_bn=0.0, meta_lr_lr=0.0, meta_lr_post=0.0)
+    learner = Simulation(stage2(pretrained, "fedl2p", **frozen))
+    fix_policy(learner, beta=1.0)
+    ours = list(learner.run())[-1]
+    ft = list(Simulation(stage2(pretrained, "ft", bn_mode="C")).run())[-1]
+    assert [c.acc for c in ours.clients] == [c.acc for c in ft.clients]
+    assert [c.acc_val for c in ours.clients] == [c.acc_val for c in ft.clients]
+    assert all(c.metrics["beta_mean"] == 1.0 and c.metrics["eta_mean"] == pytest.approx(0.02, rel=1e-6)
+               for c in ours.clients)
+    # and β = 0 is FT (BN G): a different policy, equal to its own baseline
+    learner = Simulation(stage2(pretrained, "fedl2p", **frozen))
+    fix_policy(learner, beta=0.0)
+    ft_g = list(Simulation(stage2(pretrained, "ft", bn_mode="G")).run())[-1]
+    assert [c.acc for c in list(learner.run())[-1].clients] == [c.acc for c in ft_g.clients]
+
+
+def test_ft_variants_differ_and_acc_global_is_the_pretrained_model(pretrained):
+    finals = {m: list(Simulation(stage2(pretrained, "ft", bn_mode=m)).run())[-1] for m in "CGI"}
+    globals_ = {m: [c.acc_global for c in r.clients] for m, r in finals.items()}
+    assert globals_["C"] == globals_["G"] == globals_["I"]
+    assert len({tuple(c.acc for c in r.clients) for r in finals.values()}) == 3
+    assert all(c.bytes_up == c.bytes_down == 0 for r in finals.values() for c in r.clients)
+
+
+def test_a_tensor_at_rate_zero_is_bit_identical_after_fine_tuning(pretrained):
+    sim = Simulation(stage2(pretrained, "ft"))
+    state, data = sim.clients[0].state, sim.data.clients[0]
+    frozen = ["conv1.weight", "fc3.bias"] if "conv1.weight" in state else list(sim.algorithm.param_names)[::3]
+    lrs = {n: (0.0 if n in frozen else 0.05) for n in sim.algorithm.param_names}
+    stats = sim.algorithm.client_inputs(0, sim.clients[0], data).bn_stats
+    tuned = fine_tune(sim.trainer.model, state, data.x_train, data.y_train, Policy(0.5, lrs), stats, epochs=3,
+                      batch_size=8, seed=1)
+    for n in sim.algorithm.param_names:
+        assert torch.equal(tuned[n], state[n]) == (n in frozen), n
+    # the sparsity metric counts such tensors: an LRNet output clamped at 0 is exactly 0
+    learner = Simulation(stage2(pretrained, "fedl2p"))
+    nets = learner.algorithm.nets
+    with torch.no_grad():
+        nets.lrnet.net[-1].weight.zero_()
+        nets.lrnet.net[-1].bias.copy_(torch.tensor([-1.0 if i % 2 else 1.0 for i in range(len(nets.tensor_names))]))
+    learner.algorithm.meta_state = learner.algorithm.lambda_state()
+    metrics_ = learner.algorithm.evaluation_metrics(0, learner.clients[0], learner.data.clients[0])
+    assert metrics_["sparsity"] == pytest.approx(sum(i % 2 for i in range(len(nets.tensor_names))) / len(nets.tensor_names))
+    assert all(metrics_[f"eta:{n}"] == 0.0 for i, n in enumerate(nets.tensor_names) if i % 2)
+
+
+def test_the_server_averages_the_meta_nets_by_training_samples_and_sends_only_them(pretrained):
+    sim = Simulation(stage2(pretrained, "fedl2p", meta_steps=1, meta_lr_bn=0.05, meta_lr_lr=0.05))
+    algo, start = sim.algorithm, dict(sim.algorithm.meta_state)
+    sent = []
+    for k in range(4):
+        algo.local_update(k, sim.clients[k], sim.data.clients[k], 1)
+        sent.append({n: t.clone() for n, t in sim.clients[k].extra["meta"].items()})
+    assert not all(torch.equal(sent[0][n], sent[1][n]) for n in start)  # clients learned different λ
+    sizes = [d.n_train for d in sim.data.clients]
+    assert len(set(sizes)) > 1
+    traffic = algo.aggregate(sim.clients, sim.data.clients, 1)
+    for n in start:
+        by_hand = sum(s / sum(sizes) * lam[n] for s, lam in zip(sizes, sent))
+        assert torch.allclose(algo.meta_state[n], by_hand, rtol=0, atol=1e-7), n
+    numel = sum(t.numel() for t in start.values())
+    assert traffic.up == traffic.down == [4 * numel] * 4
+    # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with ResNet-18 it is 0.2 %)
+
+
+def test_the_kept_lambda_has_the_lowest_mean_validation_loss_and_patience_stops(pretrained):
+    sim = Simulation(stage2(pretrained, "fedl2p", patience=2))
+    algo = sim.algorithm
+    sizes = [d.n_train for d in sim.data.clients]
+    history = []
+    for rnd, losses in enumerate([[1.0, 1.0, 1.0, 1.0], [0.5, 0.7, 0.6, 0.4], [0.9, 0.9, 0.9, 0.9],
+                                  [0.8, 0.8, 0.8, 0.8]], start=1):
+        history.append(dict(algo.meta_state))
+        for k, c in enumerate(sim.clients):
+            c.extra["meta"] = {n: t + rnd for n, t in algo.meta_state.items()}
+            c.extra["val_loss"] = torch.tensor(losses[k], dtype=torch.float64)
+        algo.aggregate(sim.clients, sim.data.clients, rnd)
+    expected = sum(s * v for s, v in zip(sizes, [0.5, 0.7, 0.6, 0.4])) / sum(sizes)
+    assert algo.best_loss == pytest.approx(expected)
+    assert all(torch.equal(algo.best_state[n], history[1][n]) for n in history[1])  # the λ round 2 received
+    assert algo.stale_rounds == 2 and algo.meta_stopped()
+    stats = algo.local_update(0, sim.clients[0], sim.data.clients[0], 5)
+    assert stats.metrics == {} and "meta" not in sim.clients[0].extra
+
+
+def test_ift_and_fomaml_differ_and_the_meta_nets_move(pretrained):
+    finals = {}
+    for grad in ("ift", "fomaml"):
+        sim = Simulation(stage2(pretrained, "fedl2p", meta_grad=grad, meta_lr_bn=0.05, meta_lr_lr=0.05))
+        start = dict(sim.algorithm.meta_state)
+        list(sim.run())
+        finals[grad] = sim.algorithm.meta_state
+        assert any(not torch.equal(start[n], finals[grad][n]) for n in start)
+    assert any(not torch.allclose(finals["ift"][n], finals["fomaml"][n]) for n in finals["ift"])
+
+
+def test_l2p_learns_alone_and_sends_nothing(pretrained):
+    sim = Simulation(stage2(pretrained, "l2p", meta_lr_bn=0.05, meta_lr_lr=0.05))
+    final = list(sim.run())[-1]
+    assert all(c.bytes_up == c.bytes_down == 0 for c in final.clients)
+    own = [c.extra["own"] for c in sim.clients]
+    assert any(not torch.equal(own[0][n], own[1][n]) for n in own[0])
+    assert all("beta_mean" in c.metrics for c in final.clients)
+
+
+def test_unseen_clients_never_meta_train_and_are_scored_with_the_kept_lambda(pretrained, tmp_path):
+    config, _ = pretrained
+    folder = tmp_path / "ck"
+    pre = config.replace(unseen_clients=1, checkpoint_dir=str(folder))
+    sim = Simulation(pre)
+    list(sim.run())
+    save_model(pre, sim.model_name, sim.final_model())
+    learner = Simulation(stage2((pre, folder), "fedl2p", unseen_clients=1))
+    unseen = next(iter(learner.data.unseen))
+    final = list(learner.run())[-1]
+    row = next(c for c in final.clients if c.client == unseen)
+    assert row.pool == "unseen" and row.acc == row.acc and "val_loss" not in row.metrics
+    assert "beta_mean" in row.metrics
+
+
+def test_a_restored_fedl2p_run_continues_bit_identically(pretrained, tmp_path):
+    restore_mid_run(stage2(pretrained, "fedl2p", rounds=3, ft_epochs=1, meta_steps=1), tmp_path, at=1)
+
+
+def test_stage_two_refuses_a_missing_or_mismatched_checkpoint(pretrained, tmp_path):
+    config, folder = pretrained
+    missing = stage2(pretrained, "ft", pretrained="0123456789ab")
+    with pytest.raises(ConfigError, match=r"pretrained=0123456789ab: no checkpoint .*0123456789ab\.pt; run the pretraining"):
+        Simulation(missing)
+    other_seed = stage2(pretrained, "ft", seed=1)  # the seed-0 pretraining is another data draw
+    with pytest.raises(ConfigError, match=r"trained on other data \(seed=0 there, 1 here\)"):
+        Simulation(other_seed)
+    other_model = stage2(pretrained, "ft", model="cnn_bn")
+    with pytest.raises(ConfigError, match="the checkpoint is a lenet_bn and this run trains a cnn_bn"):
+        Simulation(other_model)
+    renamed = tmp_path / f"{'f' * 12}.pt"
+    renamed.write_bytes((folder / f"{config.config_hash()}.pt").read_bytes())
+    with pytest.raises(ConfigError, match=f"holds the model of run {config.config_hash()}, not of {'f' * 12}"):
+        Simulation(stage2(pretrained, "ft", pretrained="f" * 12, checkpoint_dir=str(tmp_path)))
+    # checked before any data is read: a missing dataset does not mask the missing checkpoint
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        Simulation(stage2(pretrained, "ft", dataset="mnist", data_root=str(tmp_path / "nowhere"),
+                          pretrained="0123456789ab"))
+
+
+def test_bad_personalization_setups_are_one_clear_error(pretrained, tmp_path):
+    with pytest.raises(ConfigError, match="ft personalizes a pretrained model: give pretrained="):
+        Simulation(RunConfig(algorithm="ft", **DATA))
+    weights = tmp_path / "weights.pt"
+    config, folder = pretrained
+    torch.save(torch.load(folder / f"{config.config_hash()}.pt", weights_only=True)["state"], weights)
+    with pytest.raises(ConfigError, match="validation split: give val_fraction > 0"):
+        Simulation(RunConfig(algorithm="fedl2p", init_weights=str(weights), **(DATA | {"val_fraction": 0.0})))
+    with pytest.raises(ConfigError, match="model=lenet has no BatchNorm layer"):
+        Simulation(RunConfig(algorithm="ft", init_weights=str(weights), **(DATA | {"model": "lenet"})))
+    with pytest.raises(ConfigError, match="not a config hash"):
+        stage2(pretrained, "ft", pretrained="fedavg-run")
+    with pytest.raises(ConfigError, match="fixed_beta=0.0 applies to meta_nets=lrnet only"):
+        stage2(pretrained, "fedl2p", fixed_beta=0.0)
+    with pytest.raises(ConfigError, match="bn_mode"):
+        stage2(pretrained, "ft", bn_mode="X")
+    assert stage2(pretrained, "fedl2p", meta_nets="lrnet", fixed_beta=0.0).label() == "FedL2P (LRNet, β = 0)"
+    assert stage2(pretrained, "fedl2p", meta_grad="fomaml").label() == "FedL2P (FOMAML+)"
+    assert stage2(pretrained, "ft", bn_mode="I").label() == "FT (BN I)"
