@@ -12,10 +12,10 @@ from the meta-nets.
 ablations (the other output fixed), turns a client's statistics (`ClientInputs`) into its policy,
 and `meta_step` makes one meta iteration on one client:
   1. fine-tune the pretrained θ_g for `epochs` under the current policy, untracked (θ_e);
-  2. one more SGD step on the whole training split, tracked: θ' = θ_e − η(λ)·∇L_T(θ_e, β(λ)).
-     It makes the training loss at θ' depend on the learning rates (Eqs. 9-10; the authors track
-     their last inner step, here the look-ahead step is an extra full-split step, deterministic);
-  3. L_T = CE(f_{θ',β}(train split)), L_V = CE(f_{θ',β}(validation split));
+  2. one more SGD step, tracked, on one seeded training batch (`batch_size` samples):
+     θ' = θ_e − η(λ)·∇L_T(θ_e, β(λ)). It makes the training loss at θ' depend on the learning
+     rates (Eqs. 9-10; the authors track their last inner step, here it is an extra step);
+  3. L_T = CE(f_{θ',β}(that batch)), L_V = CE(f_{θ',β}(the whole validation split));
   4. the hypergradient d L_V / d λ: IFT with a Neumann series (`hypergrad.ift_hypergradient`,
      Q = 3, ψ = 0.1) or FOMAML+ (the direct term ∂_λ L_V only, through β and θ'), clipped to
      [−1, 1]; then SGD on λ with the paper's rates ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4).
@@ -161,13 +161,15 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
                         batch_size=settings.batch_size, seed=seed)
     params, buffers = split_state(model, theta_e)
     leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+    order = torch.randperm(x_train.shape[0], generator=torch.Generator().manual_seed(seed + 1))[:settings.batch_size]
+    x_batch, y_batch = x_train[order.to(x_train.device)], y_train[order.to(y_train.device)]
     meta = [p for group, _ in nets.param_groups(0, 0, 0) for p in group]
     with bn_mixing(model, policy.betas, inputs.bn_stats, policy.source):
-        first = _loss(model, leaves, buffers, x_train, y_train)
+        first = _loss(model, leaves, buffers, x_batch, y_batch)
         names = list(policy.lrs)
         grads = torch.autograd.grad(first, [leaves[n] for n in names], create_graph=True)
         looked = dict(leaves) | {n: leaves[n] - policy.lrs[n] * g for n, g in zip(names, grads)}
-        train_loss = _loss(model, looked, buffers, x_train, y_train)
+        train_loss = _loss(model, looked, buffers, x_batch, y_batch)
         val_loss = _loss(model, looked, buffers, x_val, y_val)
     start = time.perf_counter()
     if settings.meta_grad == "ift":
