@@ -9,6 +9,8 @@ Writes each figure as PNG and PDF and prints the paths:
 - `final_acc_vs_knobs`: final FedSelect accuracy against each swept knob that varies.
 - `accuracy_vs_busiest_traffic`, `mask_hamming`: busiest-node traffic and DisPFL mask distances
   (analysis.traffic).
+- `fedl2p_policy`, `fedl2p_policy_distance`: FedL2P's per-layer policy across clients and the
+  distances between the clients' policies (analysis.fedl2p_plots).
 
 Where a method was run with several configurations in a setting, the curves show the configuration
 with the best final accuracy (mean over seeds). Per-round numbers are `fl_core.results.summarize_trial`
@@ -280,6 +282,8 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
         written += plot_mask_iou(masks, load_clients(sweeps), trials, out)
     from analysis.traffic import build_traffic_outputs  # busiest-node traffic, DisPFL mask distances
     written += build_traffic_outputs(sweeps, trials, out, masks)
+    from analysis.fedl2p_plots import build_fedl2p_plots  # FedL2P's policies per layer and their distances
+    written += build_fedl2p_plots(sweeps, trials, out)
 
     if selecting:
         print("skipping final accuracy vs knobs: a selection stage chose the knobs (see search_history)")

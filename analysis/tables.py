@@ -1,6 +1,6 @@
 """The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
 
-    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic,cost}] [--out DIR]
+    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic,cost,fedl2p}] [--out DIR]
                                          [--unfinished {mark,drop}]
 
 Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
@@ -13,6 +13,10 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
   cost      (with methods that report their training cost: PerFedMask and its baselines) per method:
             accuracy before / after fine-tuning per participation rate c, trainable parameters and
             forward / backward FLOPs per sample, finished trials only (analysis.cost)
+  fedl2p    (with FT, L2P or FedL2P: fine-tuning a pretrained model) per (data setting, seen/unseen
+            clients, fine-tuning epochs e): Global Acc and each method's accuracy, the paper's
+            Tables 2-5; and fedl2p_policy, FedL2P's learned policy (analysis.fedl2p). These trials
+            and their pretrainings enter no other table, which would pool e
 The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
 "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
@@ -49,8 +53,8 @@ from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 
-TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost")  # traffic, cost: from round rows (build_tables)
-ROUND_TABLES = ("traffic", "cost")
+TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost", "fedl2p")  # the last 3: from round rows
+ROUND_TABLES = ("traffic", "cost", "fedl2p")
 
 
 class TableError(ValueError):
@@ -293,14 +297,18 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     `echo`, prints each preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
     from .search import final_rows, selection_rows, write_search_table
 
+    from .fedl2p import fedl2p_wanted, personalizing, write_fedl2p_tables
+
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     trials = load_trials(paths)
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
     written = {}
     if which == "auto" and not selection_rows(trials).empty:
         written["search_best"] = write_search_table(trials, out)
-    skip = which in ROUND_TABLES or (written and final_rows(trials).empty)
-    tables = make_tables(trials, which, unfinished) if not skip else {}
+    fedl2p = fedl2p_wanted(trials)
+    generic = trials[~personalizing(trials)] if fedl2p else trials  # their e would be pooled: fedl2p.tex
+    skip = which in ROUND_TABLES or (written and final_rows(trials).empty) or (which == "auto" and generic.empty)
+    tables = make_tables(generic, which, unfinished) if not skip else {}
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         path = out / f"{name}.tex"
@@ -316,6 +324,8 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     from .cost import cost_wanted, write_cost_table
     if which == "cost" or (which == "auto" and cost_wanted(trials)):
         written["cost"] = write_cost_table(paths, trials, out, markdown, echo)
+    if which == "fedl2p" or (which == "auto" and fedl2p):
+        written |= write_fedl2p_tables(paths, trials, out, markdown, echo)
     if echo:
         for path in written.values():
             print(f"wrote {path}")
