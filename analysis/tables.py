@@ -16,7 +16,7 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
   fedl2p    (with FT, L2P or FedL2P: fine-tuning a pretrained model) per (data setting, seen/unseen
             clients, fine-tuning epochs e): Global Acc and each method's accuracy, the paper's
             Tables 2-5; and fedl2p_policy, FedL2P's learned policy (analysis.fedl2p). These trials
-            and their pretrainings enter no other table, which would pool e
+            enter no other table, which would pool e (their pretrainings still do)
 The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
 "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
@@ -295,9 +295,8 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
     path's `tables/`), and with `markdown` also `<out>/<name>.md`; returns name -> .tex file. With
     `echo`, prints each preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
-    from .search import final_rows, selection_rows, write_search_table
-
     from .fedl2p import fedl2p_wanted, personalizing, write_fedl2p_tables
+    from .search import final_rows, selection_rows, write_search_table
 
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     trials = load_trials(paths)
