@@ -1,8 +1,9 @@
 """Start (or resume) a validated sweep (`sweeps.plan.SweepPlan`) on Ray Tune and report where its
 results are: data once per data setting and seed, resources checked against the cluster, one
 Tuner per stage (sweeps/stages.py: a grid is one stage; a search or scheduler runs anchors,
-select stages per data setting, then the confirm stage of their winners), each with the MLflow
-callback; then trials.parquet, a summary, and the study's tables and figures.
+select stages per data setting, then the confirm stage of their winners; a [pretraining] study
+first runs its pretrain stage, and the next stage only if every pretraining completed), each with
+the MLflow callback; then trials.parquet, a summary, and the study's tables and figures.
 
 Ctrl-C or SIGTERM at any point ends with trials.parquet (every trial, with its status), the
 summary of what finished and the command that resumes the sweep; exit status 130 (SIGINT) or
@@ -25,7 +26,7 @@ from . import resources
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers
-from .plan import SweepPlan, grid_space, progress_columns, run_config, search_space
+from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
 from .spec import to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
 from .trainable import run_trial
@@ -106,6 +107,10 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
         stopped = guard.signum
         if stopped is not None:
             break
+        if stage.kind == "pretrain" and not all_completed(ran[-1][1]):
+            print(f"[sweep] {stage.name}: not every pretraining completed (see trials.parquet); the next stage "
+                  f"starts from their models and does not run without them", flush=True)
+            break
         if len(ran) == len(stages) and plan.spec.selects and stage.kind != "confirm":
             confirm = confirm_stage(plan.spec, list(winners(ran).values()))
             if confirm is not None:
@@ -131,6 +136,12 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
         return exit_code(stop.signum)
     return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
+
+
+def all_completed(grid) -> bool:
+    """Whether every trial of a stage's Tune results reached its final round without an error."""
+    return all(r.error is None and r.config and reached_last_round(run_config(r.config), r.metrics or {})
+               for r in grid)
 
 
 def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
@@ -216,6 +227,13 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
           f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
     if "stage" in done and plan.spec.selects:  # the select stages' losers are not results
         done = done[(done["stage"] != "select") | done.get("selected", False).fillna(False).astype(bool)]
+    pretrained = done[done["stage"] == "pretrain"] if "stage" in done else done.iloc[:0]
+    done = done.drop(index=pretrained.index)
+    if not pretrained.empty:  # the first stage of a two-stage study: its own short table
+        by = "acc_val_mean" if "acc_val_mean" in pretrained and pretrained["acc_val_mean"].notna().all() else "acc_mean"
+        print("[sweep] pretraining (the models the other trials start from), per data setting; final mean test "
+              "accuracy over clients, mean ± std over seeds:")
+        print(best_per_setting(pretrained, [], by).to_string(index=False, na_rep="-"))
     if not done.empty:
         knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
         by = "acc_val_mean" if "acc_val_mean" in done and done["acc_val_mean"].notna().all() else "acc_mean"

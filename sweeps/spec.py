@@ -24,6 +24,10 @@
     anchor = true                            # a baseline: run to completion on every data setting
                                              # and seed, outside any search or scheduler
 
+    [pretraining]                            # optional: a first stage whose final model every
+    algorithm = "fedavg"                     # trial starts from (FedL2P: pretrain, then personalize)
+    rounds = 100                             # its own knobs; no lists, no data knobs
+
 Rules. A knob in [knobs] applies to every method that has it (a common knob to all, a method
 knob to the methods that own it; one that no method of the study owns is an error); a method
 entry's own value wins. Lists are crossed. Data knobs (dataset, partition, dir_alpha, ...)
@@ -31,6 +35,12 @@ define the data settings and may only be set in [knobs]: every method sees the s
 `dir_alpha` only varies for the Dirichlet partitions and `shards_per_client` only for shards
 (elsewhere they keep their defaults). `null` does not exist in TOML: write "none" for an unset
 nullable knob (e.g. samples_per_client = "none").
+
+A `[pretraining]` table makes the study two stages (sweeps/stages.py): one pretraining run per
+data setting, seed and model of the trials (their data knobs and model, the table's knobs, every
+other knob at its default) writes its final model, and every trial names it (`pretrained` = its
+config hash). The table is the pretraining's alone: [knobs], [[methods]] and the command line's
+knob flags set the second stage. A pretraining study runs a grid (no search, no scheduler).
 
 With a search or a scheduler, selection never touches test data or crosses data settings: each
 (data setting, method) group is searched or scheduled on its own, on the first seed, by its
@@ -57,9 +67,10 @@ from .errors import SweepError
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("fifo", "asha")
-TOP_KEYS = ("name", "description", "seeds", "search", "knobs", "methods")
+TOP_KEYS = ("name", "description", "seeds", "search", "knobs", "methods", "pretraining")
 SEARCH_KEYS = ("kind", "scheduler", "num_samples")
 NOT_IN_SPEC = ("algorithm", "seed", "device", "threads")  # methods say the algorithm; `seeds` the seeds
+FROM_TRIALS = ("model", "pretrained")   # [pretraining]: taken from the trials it pretrains for, or never set
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
 
@@ -92,6 +103,7 @@ class StudySpec:
     search: str = "grid"
     scheduler: str = "fifo"
     num_samples: int = 16
+    pretraining: Method | None = None                       # [pretraining]: the first stage's method and knobs
     source: str = ""                                        # where it was read from (for messages)
 
     @property
@@ -134,12 +146,29 @@ def parse_spec(raw: dict[str, Any], source: str = "study") -> StudySpec:
         methods.append(Method(algorithm, {k: _value(v, f"{where} {k}") for k, v in entry.items()}, anchor))
     seeds = raw.get("seeds", [0, 1, 2])
     seeds = seeds if isinstance(seeds, list) else [seeds]
+    pretraining = _pretraining(raw["pretraining"], f"{source} [pretraining]") if "pretraining" in raw else None
     spec = StudySpec(name=raw["name"], description=raw.get("description", ""),
                      seeds=tuple(seeds), knobs=knobs, methods=tuple(methods),
                      search=search.get("kind", "grid"), scheduler=search.get("scheduler", "fifo"),
-                     num_samples=search.get("num_samples", 16), source=source)
+                     num_samples=search.get("num_samples", 16), pretraining=pretraining, source=source)
     check_spec(spec)
     return spec
+
+
+def _pretraining(table: Any, where: str) -> Method:
+    """The [pretraining] table: its algorithm and one value per knob (the checks: `_check_pretraining`)."""
+    if not isinstance(table, dict):
+        raise SweepError(f"{where}: expected a table (algorithm = \"fedavg\" and the pretraining's knobs)")
+    entry = dict(table)
+    algorithm = entry.pop("algorithm", None)
+    if algorithm not in ALGORITHMS:
+        raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)} "
+                         f"(typically fedavg or fedbabu)")
+    for name, value in entry.items():
+        if isinstance(value, (list, dict)):
+            raise SweepError(f"{where}: {name}={value!r} is a list or a range, and the pretraining has no axes (one "
+                             f"run per data setting, seed and model of the trials); give one value")
+    return Method(algorithm, {k: _value(v, f"{where} {k}") for k, v in entry.items()})
 
 
 def _only(table: Any, allowed: tuple[str, ...], where: str) -> None:
@@ -192,7 +221,8 @@ def check_spec(spec: StudySpec) -> None:
             raise SweepError(f"{where}: unknown knob {name!r}; see `python -m fl_core --help` for the knobs")
         if name in owners and not algorithms & set(owners[name]):
             raise SweepError(f"{where}: {name} is a knob of {' and '.join(owners[name])}, but this study runs no "
-                             f"trial of {' or '.join(owners[name])}")
+                             f"trial of {' or '.join(owners[name])}"
+                             + (" (a knob of the pretraining goes in [pretraining])" if spec.pretraining else ""))
         _check_range(name, value, spec)
     for method in spec.methods:
         for name, value in method.knobs.items():
@@ -209,6 +239,44 @@ def check_spec(spec: StudySpec) -> None:
                          f"an anchor and once in --algorithms; --anchors NAME... sets the anchors)")
     if spec.search == "optuna" and not any(not m.anchor for m in spec.methods):
         raise SweepError(f"{where}: search kind = optuna needs a method that is not an anchor to search")
+    if spec.pretraining is not None:
+        _check_pretraining(spec, where)
+
+
+def _check_pretraining(spec: StudySpec, where: str) -> None:
+    """The [pretraining] table: a method that trains a model from scratch, its own knobs only (no
+    data knob, no model: those of the trials it pretrains for), and a study that can use it (a
+    grid, no `pretrained` or `checkpoint_dir` of its own)."""
+    from fl_core.algorithms import get_algorithm
+    from fl_core.algorithms.ft import Personalizing
+
+    pre, here = spec.pretraining, f"{where} [pretraining]"
+    if issubclass(get_algorithm(pre.algorithm), Personalizing):
+        raise SweepError(f"{here}: algorithm={pre.algorithm!r} personalizes a pretrained model itself; the "
+                         f"pretraining trains one from scratch (e.g. fedavg or fedbabu)")
+    owners = knob_owners()
+    for name in pre.knobs:
+        if name in DATA_KNOBS:
+            raise SweepError(f"{here}: {name} is a data knob, and a pretraining runs on the data (setting and seed) "
+                             f"of the trials it pretrains for; set {name} in [knobs]")
+        if name == "model":
+            raise SweepError(f"{here}: model: the pretraining trains the model of the trials it pretrains for; set "
+                             f"model in [knobs] (or a method entry)")
+        if name in FROM_TRIALS or name in NOT_IN_SPEC or name in NON_SEMANTIC:
+            raise SweepError(f"{here}: {name} cannot be set for the pretraining (the sweep decides it)")
+        if name not in COMMON_KNOBS and pre.algorithm not in owners.get(name, ()):
+            raise SweepError(f"{here}: {name} is not a knob of {pre.algorithm}"
+                             + (f" (it is a knob of {' and '.join(owners[name])})" if name in owners else "")
+                             + "; see `python -m fl_core --help` for the knobs")
+    if spec.selects:
+        raise SweepError(f"{where}: a study with a [pretraining] runs a grid (search kind = grid, scheduler = fifo), "
+                         f"not search={spec.search!r}, scheduler={spec.scheduler!r}: selected configurations "
+                         f"re-run on other seeds would need those seeds' pretraining")
+    for table, name in [(spec.knobs, "[knobs]"), *((m.knobs, m.algorithm) for m in spec.methods)]:
+        if table.get("pretrained") or table.get("checkpoint_dir") is not None:
+            knob = "pretrained" if table.get("pretrained") else "checkpoint_dir"
+            raise SweepError(f"{where}: {name}: {knob}={table[knob]!r}; with a [pretraining] table every trial starts "
+                             f"from its own pretraining, read from <sweep>/checkpoints: leave {knob} out")
 
 
 def _check_range(name: str, value: Any, spec: StudySpec) -> None:
@@ -275,7 +343,11 @@ def resolved(spec: StudySpec) -> StudySpec:
     sweep computes the same trials whatever the code's defaults become."""
     default = RunConfig().to_dict()
     fixed = {k: default[k] for k in COMMON_KNOBS if k not in NOT_IN_SPEC and k not in NON_SEMANTIC}
-    return replace(spec, knobs=fixed | spec.knobs)
+    pre = spec.pretraining
+    if pre is not None:  # the pretraining's own common knobs (its data and model are the trials')
+        own = {k: v for k, v in fixed.items() if k not in DATA_KNOBS and k not in FROM_TRIALS}
+        pre = replace(pre, knobs=own | pre.knobs)
+    return replace(spec, knobs=fixed | spec.knobs, pretraining=pre)
 
 
 def to_toml(spec: StudySpec) -> str:
@@ -284,6 +356,9 @@ def to_toml(spec: StudySpec) -> str:
              f"seeds = {_toml(list(spec.seeds))}", "", "[search]", f"kind = {_toml(spec.search)}",
              f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}", "", "[knobs]"]
     lines += [f"{k} = {_toml(v)}" for k, v in spec.knobs.items()]
+    if spec.pretraining is not None:
+        lines += ["", "[pretraining]", f"algorithm = {_toml(spec.pretraining.algorithm)}"]
+        lines += [f"{k} = {_toml(v)}" for k, v in spec.pretraining.knobs.items()]
     for method in spec.methods:
         lines += ["", "[[methods]]", f"algorithm = {_toml(method.algorithm)}"]
         lines += ["anchor = true"] if method.anchor else []

@@ -13,7 +13,12 @@ Ray Tune experiment of its own (folder `tune-<stage>` in the sweep, resumed stag
               settings are never a search dimension and never share an ASHA bracket
   confirm     per select stage, its best COMPLETED configuration (highest objective at the final
               round; an early-stopped trial never wins) re-run on the other seeds, to completion
-Every trial row records its stage (`stage`: grid, anchor, select, confirm), so tables compare the
+A study with a [pretraining] table (a grid only) runs a stage before them:
+  pretrain    one run of the table's method per data setting, seed and model of the trials
+              (`pretraining_config`): it writes its final model to <sweep>/checkpoints/<hash>.pt
+              (sweeps/trainable.py), and every trial of the next stage names that hash in its
+              `pretrained` knob, so that it starts from that model and never trains it again
+Every trial row records its stage (`stage`: pretrain, grid, anchor, select, confirm), so tables compare the
 confirmed configurations with the anchors over the same seeds at the same round, and the select
 trials (single seed, partly stopped) go to the search's own table and figure.
 """
@@ -37,7 +42,7 @@ OBJECTIVE = "objective"   # what every trial reports for selection (see `objecti
 @dataclass(frozen=True)
 class Stage:
     name: str                                          # Tune experiment folder: <sweep>/<name>
-    kind: str                                          # grid (plain sweep), anchor, select, confirm
+    kind: str                                          # pretrain, grid (plain sweep), anchor, select, confirm
     configs: tuple[tuple[str, RunConfig], ...] = ()    # (stage of the trial, config); a search: its base
     domains: dict[str, Any] = field(default_factory=dict)  # optuna: knob -> Range or list of choices
     group: str = ""                                    # select: "<data setting> / <method>"
@@ -136,6 +141,11 @@ def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
 # ---------------------------------------------------------------------- stages
 def plan_stages(spec: StudySpec) -> list[Stage]:
     """The stages of a sweep, every config validated (raises ConfigError / SweepError)."""
+    if spec.pretraining is not None:
+        if spec.selects:
+            raise SweepError(f"{spec.source or spec.name}: a study with a [pretraining] runs a grid (no search, no "
+                             f"scheduler)")
+        return pretrained_stages(grid_trials(spec), spec.pretraining)
     if not spec.selects:
         return [Stage("tune", "grid", tuple(grid_trials(spec)))]
     stages = []
@@ -163,6 +173,27 @@ def plan_stages(spec: StudySpec) -> list[Stage]:
                 stages.append(Stage(f"tune-select-{index}", "select", tuple(("select", c) for c in trials), {}, group))
             index += 1
     return stages
+
+
+def pretraining_config(config: RunConfig, pretraining: Method) -> RunConfig:
+    """The pretraining a trial starts from: its data knobs (every one, the seed and the validation
+    split included: the pretraining sees exactly its clients) and its model, the [pretraining]
+    table's algorithm and knobs, every other knob at its default."""
+    data = {k: getattr(config, k) for k in DATA_KNOBS}
+    return RunConfig.from_dict(data | {"model": config.model, "algorithm": pretraining.algorithm} | pretraining.knobs)
+
+
+def pretrained_stages(trials: list[tuple[str, RunConfig]], pretraining: Method) -> list[Stage]:
+    """[pretraining] study: the pretrain stage (each distinct pretraining once, in the order of the
+    trials that need it), then the trials, each naming its pretraining (`pretrained`)."""
+    first: dict[str, RunConfig] = {}
+    second = []
+    for kind, config in trials:
+        pre = pretraining_config(config, pretraining)
+        first.setdefault(pre.config_hash(), pre)
+        second.append((kind, config.replace(pretrained=pre.config_hash())))
+    return [Stage("tune-pretrain", "pretrain", tuple(("pretrain", c) for c in first.values())),
+            Stage("tune", "grid", tuple(second))]
 
 
 def _check_domains(base: RunConfig, domains: dict[str, Any]) -> None:

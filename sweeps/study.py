@@ -15,8 +15,9 @@ use is an error.
 Order of work in `run_study`, so that bad input fails before anything expensive:
   1. parse flags and read the study file (or, on --resume, the sweep's saved study.toml);
   2. build every trial's RunConfig: a bad value is one ConfigError naming it (exit 2);
-  3. --dry-run prints the trials and stops; else hand the plan to `sweeps.launch` (data loaded
-     once per data setting, Ray, Tune stage by stage, sinks, trials table, summary, tables).
+  3. --dry-run prints the trials (a [pretraining] study's pretrain stage first) and stops; else
+     hand the plan to `sweeps.launch` (data loaded once per data setting, Ray, Tune stage by
+     stage, sinks, trials table, summary, tables).
 """
 from __future__ import annotations
 
@@ -102,7 +103,10 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
         epilog=f"The study file is {study.spec}; flags override it. Lists are crossed: data settings x the "
                "common axes x seeds x each method's own axes. A method knob applies to that method's trials only. "
                "With --search optuna or --scheduler asha each (data setting, method) is selected on its own, on "
-               "the first seed, by validation accuracy (--val-fraction), and the best re-run on every seed.")
+               "the first seed, by validation accuracy (--val-fraction), and the best re-run on every seed."
+               + (f" The file's [pretraining] ({spec.pretraining.algorithm}) runs first, once per data setting, seed "
+                  "and model; the knob flags set the trials after it, never the pretraining."
+                  if spec.pretraining else ""))
     if study.add_arguments:
         study.add_arguments(parser)
     methods = parser.add_argument_group("methods and seeds")
@@ -217,7 +221,8 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     validate_trials(configs)
     named = tuple(dict.fromkeys([k for m in spec.methods for k in m.knobs]
                                 + [k for stage in stages for k in stage.domains]))
-    knobs = tuple(k for k in dict.fromkeys((*named, *varying_knobs(configs))) if k != "seed")
+    compared = [c for stage in stages if stage.kind != "pretrain" for _, c in stage.configs]  # a pretraining's
+    knobs = tuple(k for k in dict.fromkeys((*named, *varying_knobs(compared))) if k not in ("seed", "pretrained"))
     runtime = argparse.Namespace(**{k: getattr(args, k) for k in RUNTIME})
     return SweepPlan(name, f"python {study.script}", folder, runtime, spec, tuple(stages), knobs, named), gpus
 
@@ -239,13 +244,18 @@ def describe(plan: SweepPlan) -> str:
     from fl_core.results import config_columns
 
     spec = plan.spec
-    known = plan.configs
+    known = [c for stage in plan.stages if stage.kind != "pretrain" and not stage.searched for _, c in stage.configs]
     lines = [f"study {spec.name} ({spec.source}): search {spec.search}, scheduler {spec.scheduler}, "
              f"seeds {_shown(list(spec.seeds))}; sweep folder {plan.folder}"]
     settings = list(dict.fromkeys(config_columns(c)["setting"] for c in known))
     lines.append(f"data settings ({len(settings)}): " + "; ".join(settings))
     axes = {k: sorted({repr(c.semantic_dict()[k]) for c in known if k in c.semantic_dict()}) for k in plan.knobs}
     lines.append("grid axes: " + ("; ".join(f"{k} {' '.join(v)}" for k, v in axes.items() if len(v) > 1) or "none"))
+    if spec.pretraining is not None:
+        default = RunConfig(algorithm=spec.pretraining.algorithm).to_dict()
+        own = ", ".join(f"{k} {_shown(v)}" for k, v in spec.pretraining.knobs.items() if default.get(k) != v)
+        lines.append(f"pretraining: {spec.pretraining.algorithm} ({own or 'its defaults'}) once per data setting, seed "
+                     f"and model; every later trial starts from its final model (column `pretraining`: its hash)")
     for stage in plan.stages:
         if stage.searched:
             space = ", ".join(f"{k} ~ {'log-uniform' if getattr(d, 'log', False) else 'uniform'}({d.low:g}, {d.high:g})"
@@ -259,10 +269,11 @@ def describe(plan: SweepPlan) -> str:
         groups = sum(1 for s in plan.stages if s.kind == "select")
         lines.append(f"stage tune-confirm: the best configuration of each select stage on seeds "
                      f"{_shown(list(spec.seeds[1:]))}: {groups * (len(spec.seeds) - 1)} trials")
-    total = len(known) + sum(spec.num_samples for s in plan.stages if s.searched) + (
+    total = len(plan.configs) + sum(spec.num_samples for s in plan.stages if s.searched) + (
         sum(1 for s in plan.stages if s.kind == "select") * (len(spec.seeds) - 1) if spec.selects else 0)
     lines.append(f"{total} trials in all")
     rows = [{"stage": kind, **{k: c.semantic_dict().get(k, "-") for k in ("algorithm", *plan.knobs)}, "seed": c.seed}
+            | ({"pretraining": c.config_hash() if kind == "pretrain" else c.pretrained} if spec.pretraining else {})
             for stage in plan.stages if not stage.searched for kind, c in stage.configs]
     with pd.option_context("display.max_rows", 400, "display.width", 200):
         lines.append(pd.DataFrame(rows).to_string(index=False))

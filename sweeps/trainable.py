@@ -20,6 +20,12 @@ What is reported to Tune each round:
   done                     the trial has run all its rounds
   provenance               where this process picked the run up and what it was given (PROVENANCE)
 
+Checkpoints between stages (sweeps/stages.py): every trial reads and writes models in the sweep's
+`checkpoints/` folder (its `checkpoint_dir`, unless the study set one; not part of the hash). A
+trial of the pretrain stage writes its final model there as `<config_hash>.pt` when it finishes
+(`fl_core.checkpoints.save_model`; again on the resume path of a finished trial if the file is
+missing, never over an existing one); the trials of the next stage only read it (`pretrained`).
+
 Where the state lives: one file per trial, `<sweep>/state/<config_hash>.pt`, replaced atomically,
 rather than Tune checkpoints. Reason: when the driver is killed (SIGKILL), Tune's last experiment
 snapshot can name a trial checkpoint that `CheckpointConfig(num_to_keep)` has already deleted, and
@@ -40,6 +46,7 @@ import ray
 import torch
 from ray import tune
 
+from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
 from fl_core.results import client_rows, mask_rows, round_rows, summarize_round
 from fl_core.simulation import Simulation
@@ -57,6 +64,11 @@ def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
     return Path(sweep_dir) / "state" / f"{config_hash}.pt"
 
 
+def checkpoints_folder(sweep_dir: str | Path) -> Path:
+    """Where the trials of a sweep write and read the models handed from one stage to the next."""
+    return Path(sweep_dir) / "checkpoints"
+
+
 def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: str, sweep: str,
               resources: TrialResources, checkpoint_every: int = 1, crash_at_round: int | None = None) -> None:
     """Tune function trainable (wrapped with `tune.with_parameters` by the launcher)."""
@@ -64,7 +76,10 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     started_at = time.time()
     folder = Path(sweep_dir)
     use_cuda = resources.gpus > 0 and torch.cuda.is_available()
-    run = run_config(config).replace(device="cuda" if use_cuda else "cpu", threads=resources.threads)
+    run = run_config(config)
+    run = run.replace(device="cuda" if use_cuda else "cpu", threads=resources.threads,
+                      checkpoint_dir=run.checkpoint_dir or str(checkpoints_folder(folder)))
+    hands_on = config.get("trial", config).get("stage") == "pretrain"  # writes its final model
     ref = data_refs.get(run.data_key())
     data: FederatedData = ray.get(ref) if ref is not None else load_data(run)
     sim = Simulation(run, data)
@@ -78,7 +93,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     else:
         parquet_sink.write_clients(folder, key, client_rows(sim.data, run, **context))
     if sim.completed == run.rounds:  # finished before an interruption: repair, report it again
-        _finish(folder, sim)
+        _finish(folder, sim, hands_on)
         if progress["last_report"]:
             tune.report(progress["last_report"])
         return
@@ -103,15 +118,18 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         if result.round % checkpoint_every == 0 or done:
             sim.save(saved, **progress)
         if done:
-            _finish(folder, sim)
+            _finish(folder, sim, hands_on)
         tune.report(report)
         if crash_at_round == result.round:
             _crash_once(folder, key, result.round)
 
 
-def _finish(folder: Path, sim: Simulation) -> None:
-    """A finished trial: its rows in one file, its final masks (both idempotent)."""
+def _finish(folder: Path, sim: Simulation, hands_on: bool = False) -> None:
+    """A finished trial: its rows in one file, its final masks, and for a pretraining (`hands_on`)
+    its final model for the next stage (all idempotent: nothing written is written again)."""
     key = sim.config.config_hash()
+    if hands_on and not checkpoint_path(sim.config, key).exists():
+        save_model(sim.config, sim.model_name, sim.final_model())
     if parquet_sink.compact_trial(folder, key, sim.config.rounds) is None:
         logging.getLogger(__name__).warning("trial %s: journal incomplete, rows left uncompacted", key)
     if not (folder / "masks" / f"{key}.parquet").exists():

@@ -9,7 +9,7 @@ Parquet rows) with its status, wall time and provenance. Statuses:
   NOT_STARTED   the sweep was stopped before it started (for a grid: every planned trial that
                 Tune had not even created yet is listed, from the plan)
 
-Each row also says which stage of the sweep the trial belongs to (`stage`: grid, anchor, select,
+Each row also says which stage of the sweep the trial belongs to (`stage`: pretrain, grid, anchor, select,
 confirm; sweeps/stages.py), the metric its stage selects on (`objective`), and for select trials
 whether it won its stage (`selected`).
 
