@@ -90,7 +90,7 @@ def pretraining_labels(trials: pd.DataFrame) -> pd.Series:
 def _config_key(trials: pd.DataFrame) -> pd.Series:
     """A key shared by the seeds of one configuration: its knobs but the seed and the pretrained
     model (each seed has its own)."""
-    knobs = [k for k in config_knobs(trials.columns) if k not in ("pretrained", "init_weights")]
+    knobs = [k for k in config_knobs(trials.columns) if k != "init_weights"]
     return trials[knobs].astype(object).map(str).agg("|".join, axis=1)
 
 

@@ -73,8 +73,10 @@ def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
 
 def config_knobs(columns) -> list[str]:
     """The columns among `columns` that are knobs of a run (common or a method's) and change its
-    results, but the seed."""
-    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC and c != "seed"]
+    results, but the seed and `pretrained` (a two-stage study pretrains once per seed: the
+    pretraining's hash changes with the seed as the seed does)."""
+    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC
+            and c not in ("seed", "pretrained")]
 
 
 def config_keys(trials: pd.DataFrame) -> pd.Series:
