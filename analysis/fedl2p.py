@@ -174,15 +174,15 @@ def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
     index = pd.MultiIndex.from_tuples(rows, names=[LEVELS[c] for c in levels])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
     bold = pd.DataFrame(False, index=index, columns=columns)
-    for row in rows:
+    for i, row in enumerate(rows):  # positional writes: the row index is in table order, not sorted
         shown = {}
-        for column in columns:
+        for j, column in enumerate(columns):
             mean, std, n = stats.get((row, column), (np.nan, np.nan, 0))
-            cells.loc[row, column] = format_cell(mean, std, n, usual)
+            cells.iat[i, j] = format_cell(mean, std, n, usual)
             if column != GLOBAL and n > 0:
-                shown[column] = round(100 * mean, 1)  # ties as printed are all bold
-        for column, value in shown.items():
-            bold.loc[row, column] = value == max(shown.values())
+                shown[j] = round(100 * mean, 1)  # ties as printed are all bold
+        for j, value in shown.items():
+            bold.iat[i, j] = value == max(shown.values())
     return cells, bold, _caption(chosen, levels, usual, stats, late)
 
 
@@ -252,10 +252,10 @@ def policy_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
     index = pd.MultiIndex.from_tuples(rows, names=[LEVELS.get(c, "Method") for c in levels])
     cells = pd.DataFrame(None, index=index, columns=list(POLICY.values()), dtype=object)
     means = summary.groupby(levels)[list(POLICY)].mean()  # over seeds
-    for row in rows:
-        for key, header in POLICY.items():
+    for i, row in enumerate(rows):
+        for j, key in enumerate(POLICY):
             value = means.loc[row, key]
-            cells.loc[row, header] = None if pd.isna(value) else POLICY_FORMAT[key].format(value)
+            cells.iat[i, j] = None if pd.isna(value) else POLICY_FORMAT[key].format(value)
     caption = ("FedL2P's learned policy and its cost, mean over seeds. At the final round, mean over seen clients: β "
                "(BN mixing: 1 = the client's statistics), sparsity (share of parameter tensors with learning rate 0) "
                "and η (learning rate, mean over tensors) of the policy each client is scored with. Over every "

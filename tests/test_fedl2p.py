@@ -108,7 +108,7 @@ def test_the_server_averages_the_meta_nets_by_training_samples_and_sends_only_th
         assert torch.allclose(algo.meta_state[n], by_hand, rtol=0, atol=1e-7), n
     numel = sum(t.numel() for t in start.values())
     assert traffic.up == traffic.down == [4 * numel] * 4
-    # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with ResNet-18 it is 0.2 %)
+    # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with resnet18_cifar it is 38,944 entries, 0.35 % of the model)
 
 
 def test_the_kept_lambda_has_the_lowest_mean_validation_loss_and_patience_stops(pretrained):
