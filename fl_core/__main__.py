@@ -71,8 +71,9 @@ def _run(sim, results_dir: Path) -> int:
     if unseen:
         print(f"unseen: acc {last['acc_unseen_mean']:.4f} over {unseen} held-out clients (scored as newcomers)")
     print(f"wrote {results_dir / 'rounds.parquet'} and {results_dir / 'clients.parquet'}")
-    if config.checkpoint_dir is not None:  # the first stage of a two-stage run: hand the model on
-        from .checkpoints import save_model
+    from .algorithms.ft import Personalizing  # FT, L2P, FedL2P never change the model they start from
+    if config.checkpoint_dir is not None and not isinstance(sim.algorithm, Personalizing):
+        from .checkpoints import save_model  # the first stage of a two-stage run: hand the model on
         path = save_model(config, sim.model_name, sim.final_model())
         print(f"wrote {path} (start a second stage from it with --pretrained {config.config_hash()} "
               f"--checkpoint-dir {config.checkpoint_dir})")

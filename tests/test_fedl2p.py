@@ -210,3 +210,20 @@ def test_bad_personalization_setups_are_one_clear_error(pretrained, tmp_path):
     assert stage2(pretrained, "fedl2p", meta_nets="lrnet", fixed_beta=0.0).label() == "FedL2P (LRNet, β = 0)"
     assert stage2(pretrained, "fedl2p", meta_grad="fomaml").label() == "FedL2P (FOMAML+)"
     assert stage2(pretrained, "ft", bn_mode="I").label() == "FT (BN I)"
+
+
+def test_the_cli_hands_a_model_from_one_stage_to_the_next(tmp_path, capsys):
+    from fl_core.__main__ import main
+
+    common = ["--dataset", "synthetic", "--num-clients", "4", "--partition", "dirichlet_class", "--model", "lenet_bn",
+              "--val-fraction", "0.25", "--rounds", "1", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(["--algorithm", "fedavg", *common, "--results", str(tmp_path / "pre")]) == 0
+    written = list((tmp_path / "ck").glob("*.pt"))
+    assert len(written) == 1
+    key = written[0].stem
+    assert f"--pretrained {key}" in capsys.readouterr().out
+    assert main(["--algorithm", "fedl2p", *common, "--pretrained", key, "--ft-epochs", "1", "--meta-steps", "1",
+                 "--results", str(tmp_path / "s2")]) == 0
+    assert [p.stem for p in (tmp_path / "ck").glob("*.pt")] == [key]  # personalizing never writes a model
+    assert main(["--algorithm", "ft", *common, "--pretrained", key, "--seed", "1"]) == 2
+    assert "trained on other data (seed=0 there, 1 here)" in capsys.readouterr().err
