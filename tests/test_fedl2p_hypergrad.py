@@ -78,3 +78,18 @@ def test_a_direct_dependence_of_the_validation_loss_on_lambda_is_added():
     train, val, params, lam = losses(0.3)
     (both,) = ift_hypergradient(train, val + 2.0 * lam, params, [lam], steps=3, clip=None)
     assert float(both) == pytest.approx(float(indirect) + 2.0, rel=1e-12)
+
+
+def test_without_the_direct_term_a_meta_parameter_gets_the_implicit_term_alone():
+    torch.manual_seed(3)
+    theta = torch.randn(4, requires_grad=True)
+    lam = torch.randn(4, requires_grad=True)
+    mu = torch.randn(4, requires_grad=True)
+    train = ((theta - lam) ** 2).sum() + 0.5 * (theta ** 2).sum()
+    val = ((theta - 1.0) ** 2).sum() + (mu * theta).sum() + (lam ** 2).sum()
+    full = ift_hypergradient(train, val, {"t": theta}, [lam, mu], steps=2, psi=0.1, clip=None)
+    alone = ift_hypergradient(train, val, {"t": theta}, [lam, mu], steps=2, psi=0.1, clip=None, direct=[False, True])
+    assert torch.allclose(alone[0], full[0] - 2 * lam.detach())   # ∂_λ L_V = 2λ left out
+    assert torch.allclose(alone[1], full[1])                       # μ keeps its direct term
+    with pytest.raises(ValueError, match="1 direct flags for 2 meta-parameters"):
+        ift_hypergradient(train, val, {"t": theta}, [lam, mu], direct=[True])

@@ -51,9 +51,14 @@ class FedL2PParams(PersonalizeParams):
     meta_grad: str = knob("ift", "meta-gradient: ift = implicit function theorem with a Neumann series; fomaml = "
                           "FOMAML+ (the validation loss's direct gradient through the look-ahead step)",
                           choices=META_GRADS)
+    ift_direct: str = knob("bnnet", "ift: the meta-nets whose hypergradient adds the direct term dL_V/dlambda: bnnet "
+                           "(the authors' code: LRNet learns from the implicit term alone) or all (LRNet too, through "
+                           "the look-ahead step)", choices=("bnnet", "all"))
     meta_steps: int = knob(3, "meta iterations K per client per round (the authors' outer_loop_epochs)", low=1)
     neumann_steps: int = knob(3, "Neumann series terms Q of the inverse Hessian", low=0)
-    neumann_psi: float = knob(0.1, "Neumann series step psi", low=0, low_open=True)
+    neumann_psi: float = knob(0.1, "Neumann series step psi (the paper's 0.1); the series converges only when psi "
+                              "times the training loss's largest Hessian eigenvalue is below 2 (below 1 for a "
+                              "positive series): benchmarks/fedl2p_neumann.py measures it", low=0, low_open=True)
     meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0)
     meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0)
     meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0)
@@ -96,6 +101,7 @@ class FedL2P(Personalizing):
     def settings(self) -> MetaStepSettings:
         p = self.params
         return MetaStepSettings(epochs=p.ft_epochs, batch_size=self.config.batch_size, meta_grad=p.meta_grad,
+                                ift_direct=p.ift_direct,
                                 neumann_steps=p.neumann_steps, neumann_psi=p.neumann_psi, lr_bn=p.meta_lr_bn,
                                 lr_lr=p.meta_lr_lr, lr_post=p.meta_lr_post)
 

@@ -33,13 +33,16 @@ def _grads(loss: Tensor, inputs: Sequence[Tensor], **kwargs) -> list[Tensor]:
 
 
 def ift_hypergradient(train_loss: Tensor, val_loss: Tensor, params: Mapping[str, Tensor], meta: Sequence[Tensor],
-                      steps: int = 3, psi: float = 0.1, scale: str = "paper", clip: float | None = 1.0) -> list[Tensor]:
+                      steps: int = 3, psi: float = 0.1, scale: str = "paper", clip: float | None = 1.0,
+                      direct: Sequence[bool] | None = None) -> list[Tensor]:
     """The hypergradient of `val_loss` w.r.t. the meta-parameters `meta` (see the module docstring).
 
     `params` are the fine-tuned parameters θ* as tensors that require grad, from which both losses
     were built (with graphs); `train_loss` must also depend on `meta` (e.g. through β in the
     forward pass or the learning rates of a last differentiable step). Returns one tensor per
-    meta-parameter, clipped to [−clip, clip] (None: no clipping).
+    meta-parameter, clipped to [−clip, clip] (None: no clipping). `direct` (one flag per
+    meta-parameter, default all True) says which get the direct term ∂_λ L_V: FedL2P's authors add
+    it for BNNet only, so LRNet learns from the implicit term alone.
     """
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not allowed; choose one of {', '.join(SCALES)}")
@@ -54,6 +57,10 @@ def ift_hypergradient(train_loss: Tensor, val_loss: Tensor, params: Mapping[str,
     train_grads = torch.autograd.grad(train_loss, tensors, create_graph=True)
     dot = sum((g * p[n].detach()).sum() for g, n in zip(train_grads, names))
     mixed = _grads(dot, meta, retain_graph=True)
-    direct = _grads(val_loss, meta, retain_graph=True)
-    out = [d - m for d, m in zip(direct, mixed)]
+    flags = [True] * len(meta) if direct is None else list(direct)
+    if len(flags) != len(meta):
+        raise ValueError(f"{len(flags)} direct flags for {len(meta)} meta-parameters")
+    with_direct = [m for m, f in zip(meta, flags) if f]
+    grads = iter(_grads(val_loss, with_direct, retain_graph=True) if with_direct else [])
+    out = [(next(grads) - m) if f else -m for f, m in zip(flags, mixed)]
     return [g.clamp(-clip, clip) for g in out] if clip is not None else out

@@ -15,10 +15,13 @@ and `meta_step` makes one meta iteration on one client:
   2. one more SGD step, tracked, on one seeded training batch (`batch_size` samples):
      θ' = θ_e − η(λ)·∇L_T(θ_e, β(λ)). It makes the training loss at θ' depend on the learning
      rates (Eqs. 9-10; the authors track their last inner step, here it is an extra step);
-  3. L_T = CE(f_{θ',β}(that batch)), L_V = CE(f_{θ',β}(the whole validation split));
-  4. the hypergradient d L_V / d λ: IFT with a Neumann series (`hypergrad.ift_hypergradient`,
-     Q = 3, ψ = 0.1) or FOMAML+ (the direct term ∂_λ L_V only, through β and θ'), clipped to
-     [−1, 1]; then SGD on λ with the paper's rates ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4).
+  3. L_T = CE(f_{θ',β}(the next training batch)), L_V = CE(f_{θ',β}(the whole validation split))
+     (the authors: a fresh training batch and a validation batch, both at θ');
+  4. the hypergradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
+     ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4). IFT (`hypergrad.ift_hypergradient`, Q = 3, ψ = 0.1) as
+     the authors' code: the implicit term −p·∂²L_T/∂θ'∂λ for every meta-net, plus the direct
+     term ∂_λ L_V for BNNet only (`ift_direct = "bnnet"`; "all" adds it for LRNet too, through
+     the look-ahead step). FOMAML+: the direct term ∂_λ L_V only, for every meta-net.
 """
 from __future__ import annotations
 
@@ -139,6 +142,7 @@ class MetaStepSettings:
     epochs: int
     batch_size: int
     meta_grad: str = "ift"         # "ift" | "fomaml"
+    ift_direct: str = "bnnet"      # which meta-nets get IFT's direct term ∂_λ L_V: "bnnet" (the authors') | "all"
     neumann_steps: int = 3
     neumann_psi: float = 0.1
     clip: float = 1.0
@@ -161,20 +165,25 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
                         batch_size=settings.batch_size, seed=seed)
     params, buffers = split_state(model, theta_e)
     leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
-    order = torch.randperm(x_train.shape[0], generator=torch.Generator().manual_seed(seed + 1))[:settings.batch_size]
-    x_batch, y_batch = x_train[order.to(x_train.device)], y_train[order.to(y_train.device)]
+    order = torch.randperm(x_train.shape[0], generator=torch.Generator().manual_seed(seed + 1)).to(x_train.device)
+    x_batch, y_batch = x_train[order[:settings.batch_size]], y_train[order[:settings.batch_size]]
+    fresh = order[settings.batch_size:2 * settings.batch_size]  # L_T's batch: the next one (or the same if none)
+    x_fresh, y_fresh = (x_train[fresh], y_train[fresh]) if fresh.numel() else (x_batch, y_batch)
     meta = [p for group, _ in nets.param_groups(0, 0, 0) for p in group]
     with bn_mixing(model, policy.betas, inputs.bn_stats, policy.source):
         first = _loss(model, leaves, buffers, x_batch, y_batch)
         names = list(policy.lrs)
         grads = torch.autograd.grad(first, [leaves[n] for n in names], create_graph=True)
         looked = dict(leaves) | {n: leaves[n] - policy.lrs[n] * g for n, g in zip(names, grads)}
-        train_loss = _loss(model, looked, buffers, x_batch, y_batch)
+        train_loss = _loss(model, looked, buffers, x_fresh, y_fresh)
         val_loss = _loss(model, looked, buffers, x_val, y_val)
     start = time.perf_counter()
     if settings.meta_grad == "ift":
+        bn_params = set() if nets.bnnet is None else set(map(id, nets.bnnet.parameters()))
+        direct = [settings.ift_direct == "all" or id(p) in bn_params for p in meta]
         hyper = ift_hypergradient(train_loss, val_loss, {n: looked[n] for n in names}, meta,
-                                  steps=settings.neumann_steps, psi=settings.neumann_psi, clip=settings.clip)
+                                  steps=settings.neumann_steps, psi=settings.neumann_psi, clip=settings.clip,
+                                  direct=direct)
     else:  # FOMAML+: the direct term only (through β and the look-ahead step's rates)
         direct = torch.autograd.grad(val_loss, meta, allow_unused=True)
         hyper = [torch.zeros_like(p) if g is None else g.clamp(-settings.clip, settings.clip)
