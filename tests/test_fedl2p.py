@@ -210,6 +210,9 @@ def test_bad_personalization_setups_are_one_clear_error(pretrained, tmp_path):
     assert stage2(pretrained, "fedl2p", meta_nets="lrnet", fixed_beta=0.0).label() == "FedL2P (LRNet, β = 0)"
     assert stage2(pretrained, "fedl2p", meta_grad="fomaml").label() == "FedL2P (FOMAML+)"
     assert stage2(pretrained, "ft", bn_mode="I").label() == "FT (BN I)"
+    assert stage2(pretrained, "fedl2p", ift_direct="all").label() == "FedL2P (IFT + LRNet's direct term)"
+    with pytest.raises(ConfigError, match="ift_direct applies to meta_grad=ift only"):
+        stage2(pretrained, "fedl2p", meta_grad="fomaml", ift_direct="all")
 
 
 def test_the_cli_hands_a_model_from_one_stage_to_the_next(tmp_path, capsys):

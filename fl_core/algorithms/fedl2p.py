@@ -65,6 +65,8 @@ class FedL2PParams(PersonalizeParams):
     patience: int = knob(50, "rounds without a lower mean validation loss before meta-training stops", low=1)
 
     def validate(self) -> None:
+        if self.meta_grad == "fomaml" and self.ift_direct != "bnnet":
+            raise ConfigError("ift_direct applies to meta_grad=ift only (FOMAML+ is the direct term alone)")
         if self.meta_nets != "lrnet" and self.fixed_beta != 1.0:
             raise ConfigError(f"fixed_beta={self.fixed_beta} applies to meta_nets=lrnet only (BNNet learns beta)")
 
@@ -72,6 +74,8 @@ class FedL2PParams(PersonalizeParams):
         parts = {"bnnet": ["BNNet"], "lrnet": [f"LRNet, β = {self.fixed_beta:g}"]}.get(self.meta_nets, [])
         if self.meta_grad == "fomaml":
             parts.append("FOMAML+")
+        elif self.ift_direct == "all":
+            parts.append("IFT + LRNet's direct term")
         return f"{display} ({', '.join(parts)})" if parts else display
 
 
