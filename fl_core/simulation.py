@@ -252,7 +252,7 @@ class Simulation:
         else:
             acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
         return ClientRound(client=k, participated=False, acc_local=acc_local, acc_global=acc_global, acc=acc,
-                           acc_val=acc_val, loss=float(stats.loss_sum) / max(stats.samples, 1), n_train=d.n_train,
+                           acc_val=acc_val, loss=float(stats.loss_sum) / stats.samples if stats.samples else NAN, n_train=d.n_train,
                            n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(joined),
                            bytes_up=0, bytes_down=down, seconds=time.perf_counter() - t0,
                            metrics=_checked_metrics(algo.name, stats.metrics | algo.evaluation_metrics(k, joined, d)),
