@@ -54,22 +54,29 @@ def server_model(global_state: dict[str, torch.Tensor], client_states: list[dict
     return out
 
 
+def torch_save_atomic(obj: Any, path: str | os.PathLike) -> Path:
+    """`torch.save(obj)` to `path` atomically (temp file beside it, then rename), so a crash never
+    leaves a half-written file; the folder is created. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(buffer.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
 def save_model(config: RunConfig, model_name: str, state: dict[str, torch.Tensor],
                folder: str | os.PathLike | None = None) -> Path:
     """Write `state` (the run's final server model) as `<folder>/<config hash>.pt`, atomically;
     `folder` defaults to the config's `checkpoint_dir`. Returns the path."""
     key = config.config_hash()
     path = Path(folder) / f"{key}.pt" if folder is not None else checkpoint_path(config, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "config_hash": key, "algorithm": config.algorithm, "model": model_name,
                "data": data_identity(config), "config": config.semantic_dict(),
                "state": {n: t.detach().cpu().clone() for n, t in state.items()}}
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
-    return path
+    return torch_save_atomic(payload, path)
 
 
 def read_pretrained(config: RunConfig, model_name: str) -> dict[str, Any]:

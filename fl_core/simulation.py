@@ -15,7 +15,6 @@ are derived from (seed, round, client), so a restored run continues bit-identica
 """
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import torch
 
 from .algorithms import get_algorithm
 from .algorithms.base import ClientInfo, Traffic
+from .checkpoints import torch_save_atomic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
@@ -295,13 +295,7 @@ class Simulation:
 
     def save(self, path: str | os.PathLike, **extra: Any) -> None:
         """Write the state (plus any small `extra` values) atomically: temp file, then rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        torch.save(self.state_dict() | {"extra": extra}, buffer)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
+        torch_save_atomic(self.state_dict() | {"extra": extra}, path)
 
     def restore(self, path: str | os.PathLike) -> dict[str, Any]:
         """Load a state written by `save`; returns its `extra` values."""

@@ -118,9 +118,9 @@ class FedL2P(Personalizing):
 
     # ---------------------------------------------------------------- the client
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
+        nothing = torch.zeros((), device=data.x_train.device)
         if not self.clients_info[k].seen or self.meta_stopped():
-            return stats  # a newcomer is scored with the kept λ; early-stopped: nothing more to learn
+            return LocalStats(nothing, 0)  # a newcomer is scored with the kept λ; early-stopped: nothing to learn
         inputs = self.client_inputs(k, client, data)
         self.nets.load_state_dict(self.start_lambda(client))
         metrics = policy_metrics(self.nets.policy(inputs).detached(), self.nets.bn_names)
@@ -132,8 +132,8 @@ class FedL2P(Personalizing):
             seconds += out["hypergrad_seconds"]
         client.extra["meta"] = self.lambda_state()
         client.extra["val_loss"] = torch.tensor(losses[0], dtype=torch.float64)  # of the λ it received
-        return LocalStats(stats.loss_sum, 0, metrics | {"val_loss": losses[0], "val_loss_after": losses[-1],
-                                                        "hypergrad_seconds": seconds})
+        return LocalStats(nothing, 0, metrics | {"val_loss": losses[0], "val_loss_after": losses[-1],
+                                                 "hypergrad_seconds": seconds})
 
     # ---------------------------------------------------------------- the server
     def lambda_bytes(self) -> int:

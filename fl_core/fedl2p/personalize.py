@@ -82,9 +82,9 @@ def fine_tune(model: nn.Module, state: Mapping[str, Tensor], x: Tensor, y: Tenso
               stats: BNStats | None, *, epochs: int, batch_size: int, seed: int) -> dict[str, Tensor]:
     """`state` after `epochs` of per-tensor-rate SGD under the policy's BN mixing (untracked; the
     running statistics are left as they are). A tensor at rate 0 comes back bit-identical."""
-    params, buffers = split_state(model, state)
     if epochs == 0:
         return dict(state)
+    params, buffers = split_state(model, state)
     policy = policy.detached()
     with bn_mixing(model, policy.betas, stats, policy.source):
         tuned, _ = functional_sgd(model, params, buffers, x, y, policy.lrs, batch_size=batch_size, seed=seed,
