@@ -50,14 +50,16 @@ __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS
 class RunConfig:
     algorithm: str = knob("fedselect", "federated algorithm", choices=ALGORITHMS)
     # ---- data (these knobs are the data spec: `data_spec()`)
-    dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline); mnist_c/digits_c: "
-                        "MNIST/digits under corruptions, one domain each (the offline feature-shift benchmark); "
+    dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline); mnist and fmnist "
+                        "(Fashion-MNIST) read torchvision's layout under data_root; mnist_c/fmnist_c/digits_c: "
+                        "MNIST/Fashion-MNIST/digits under corruptions, one domain each (the offline feature-shift benchmark); "
                         "the papers' cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet "
                         "read their files under data_root (fl_core/data/catalog.py)", choices=DATASETS, data=True)
-    corruptions: str = knob("", "mnist_c, digits_c, cifar10c: comma-separated corruption names, one domain each "
-                            "(mnist_c/digits_c also take clean); empty = the source's default (mnist_c/digits_c: "
+    corruptions: str = knob("", "mnist_c, fmnist_c, digits_c, cifar10c: comma-separated corruption names, one "
+                            "domain each (all but cifar10c also take clean); empty = the source's default "
+                            "(mnist_c/fmnist_c/digits_c: "
                             "gaussian_noise,motion_blur,fog,contrast; cifar10c: FedL2P's ten)", data=True, added=True)
-    severity: int = knob(3, "mnist_c, digits_c, cifar10c: corruption severity", low=1, high=5, data=True, added=True)
+    severity: int = knob(3, "mnist_c, fmnist_c, digits_c, cifar10c: corruption severity", low=1, high=5, data=True, added=True)
     image_size: int | None = knob(None, "cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet: "
                                   "images resized to this side; none = 32 (mini_imagenet 84)", low=8, data=True,
                                   added=True)
@@ -116,7 +118,7 @@ class RunConfig:
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
     # ---- where and how fast (not in the hash)
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
-    download: bool = knob(False, "download mnist/cifar10 if missing (needs internet)", data=True, semantic=False)
+    download: bool = knob(False, "download mnist/fmnist/cifar10 (and the base set of mnist_c/fmnist_c) if missing (needs internet)", data=True, semantic=False)
     device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
     threads: int | None = knob(None, "torch CPU threads (none = torch's default)", low=1, semantic=False)
     checkpoint_dir: str | None = knob(None, "folder of model checkpoints <config_hash>.pt: where `pretrained` is read "

@@ -11,7 +11,7 @@ from fl_core.config import ConfigError, RunConfig
 from fl_core.data import build_federated_data, load_source, source_domains
 from fl_core.data.corrupted_sources import DEFAULT_CORRUPTIONS, deal_to_domains, load_corrupted
 from fl_core.data.corruptions import corrupt
-from fl_core.data.sources import _digits_uint8
+from fl_core.data.sources import digits_uint8
 from sweeps.spec import parse_spec
 from sweeps.stages import data_settings
 
@@ -23,7 +23,7 @@ NAMES = "clean,gaussian_noise,motion_blur"
 
 def test_digits_c_domains_are_disjoint_balanced_and_deterministic():
     d = load_source("digits_c", corruptions=NAMES, severity=4)
-    x_tr, y_tr, x_te, y_te = _digits_uint8()
+    x_tr, y_tr, x_te, y_te = digits_uint8()
     assert d.domains == ("clean", "gaussian_noise", "motion_blur") and d.num_classes == 10
     # every underlying image in exactly one domain: the sizes add up to the source's
     assert len(d.y_train) == len(y_tr) and len(d.y_test) == len(y_te)
@@ -48,7 +48,7 @@ def test_digits_c_domains_are_disjoint_balanced_and_deterministic():
 
 def test_digits_c_corruption_is_the_corrupt_function_of_its_domain():
     d = load_source("digits_c", corruptions="fog", severity=2)
-    x_tr, *_ = _digits_uint8()
+    x_tr, *_ = digits_uint8()
     from fl_core.data.corrupted_sources import _name_seed
     expected = corrupt(x_tr, "fog", 2, seed=_name_seed("fog", "train")).astype(np.float64)
     got = d.x_train[:, 0].double().numpy()
@@ -62,6 +62,27 @@ def test_mnist_c_is_real_mnist_in_four_domains():
     assert d.domains == DEFAULT_CORRUPTIONS and d.x_train.shape == (60000, 1, 28, 28)
     assert np.bincount(d.d_train.numpy()).tolist() == [15005, 15002, 14998, 14995]
     assert abs(float(d.x_train.mean())) < 1e-4 and abs(float(d.x_train.std()) - 1) < 1e-4
+
+
+@pytest.mark.skipif(not (MNIST_ROOT / "FashionMNIST" / "raw").is_dir(), reason="real Fashion-MNIST not here")
+def test_fmnist_c_is_real_fashion_mnist_in_corruption_domains():
+    """fmnist_c: the shared Fashion-MNIST dealt to one domain per corruption, every class in every
+    domain in equal shares, and its clean domain the uncorrupted images (same pixels as fmnist)."""
+    d = load_source("fmnist_c", MNIST_ROOT)
+    assert d.domains == DEFAULT_CORRUPTIONS and d.x_train.shape == (60000, 1, 28, 28)
+    assert d.x_test.shape == (10000, 1, 28, 28) and d.num_classes == 10
+    assert np.bincount(d.d_train.numpy()).tolist() == [15000] * 4  # 6 000 per class: 1 500 each
+    assert np.bincount(d.d_test.numpy()).tolist() == [2500] * 4
+    for k in range(4):
+        assert np.bincount(d.y_train[d.d_train == k].numpy(), minlength=10).tolist() == [1500] * 10
+    assert abs(float(d.x_train.mean())) < 1e-4 and abs(float(d.x_train.std()) - 1) < 1e-4
+    both = load_source("fmnist_c", MNIST_ROOT, corruptions="clean,fog")
+    plain = load_source("fmnist", MNIST_ROOT)
+    clean = both.x_train[both.d_train == 0]
+    # clean images are Fashion-MNIST's own, up to the (per-source) normalisation: rank-equal pixels
+    first = clean[0].flatten()
+    match = (plain.y_train == both.y_train[both.d_train == 0][0]).nonzero().flatten()
+    assert any(np.corrcoef(first.numpy(), plain.x_train[i].flatten().numpy())[0, 1] > 0.999999 for i in match)
 
 
 @pytest.mark.parametrize("knobs, needle", [

@@ -1,4 +1,4 @@
-"""Dataset sources (digits, synthetic, MNIST IDX files, CIFAR-10 pickles) and
+"""Dataset sources (digits, synthetic, MNIST and Fashion-MNIST IDX files, CIFAR-10 pickles) and
 build_federated_data."""
 
 import gzip
@@ -17,14 +17,15 @@ from fl_core.data import (SOURCES, DataError, build_federated_data, input_shape_
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MNIST_RAW = SHARED_DATA / "MNIST" / "raw"
+FMNIST_RAW = SHARED_DATA / "FashionMNIST" / "raw"
 
 
 # ---------------------------------------------------------------- names, digits, synthetic
 
 def test_input_shapes_without_loading():
     assert {n: input_shape_of(n) for n in SOURCES} == {
-        "digits": (1, 8, 8), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "synthetic": (1, 8, 8),
-        "mnist_c": (1, 28, 28), "digits_c": (1, 8, 8), "cifar10c": (3, 32, 32), "office_caltech10": (3, 32, 32),
+        "digits": (1, 8, 8), "mnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32),
+        "synthetic": (1, 8, 8), "mnist_c": (1, 28, 28), "fmnist_c": (1, 28, 28), "digits_c": (1, 8, 8), "cifar10c": (3, 32, 32), "office_caltech10": (3, 32, 32),
         "officehome": (3, 32, 32), "domainnet": (3, 32, 32), "cifar100": (3, 32, 32), "mini_imagenet": (3, 84, 84)}
     assert input_shape_of("officehome", image_size=64) == (3, 64, 64)
     with pytest.raises(DataError, match="image_size=64 does not apply to dataset 'mnist'"):
@@ -34,7 +35,7 @@ def test_input_shapes_without_loading():
 @pytest.mark.parametrize("call", [lambda: load_source("imagenet"),
                                   lambda: input_shape_of("imagenet")])
 def test_unknown_source_lists_allowed(call):
-    with pytest.raises(DataError, match="'imagenet'.*digits, mnist, cifar10, synthetic, mnist_c"):
+    with pytest.raises(DataError, match="'imagenet'.*digits, mnist, fmnist, cifar10, synthetic, mnist_c, fmnist_c"):
         call()
 
 
@@ -83,10 +84,11 @@ def write_idx(path: Path, array: np.ndarray, gz: bool = False, cut: int = 0) -> 
     return path
 
 
-def fake_mnist(root: Path, n_train=12, n_test=5, gz=False, seed=0):
-    """A tiny MNIST in torchvision's layout; returns the arrays written."""
+def fake_mnist(root: Path, n_train=12, n_test=5, gz=False, seed=0, folder="MNIST"):
+    """A tiny MNIST (or, with folder="FashionMNIST", Fashion-MNIST) in torchvision's layout;
+    returns the arrays written."""
     rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
+    raw = root / folder / "raw"
     arrays = {}
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
@@ -105,6 +107,25 @@ def test_mnist_reader_on_small_files(tmp_path, gz):
     assert d.y_test.tolist() == arrays["t10k"][1].tolist()
     expected = (arrays["train"][0][3] / 255.0 - 0.1307) / 0.3081
     assert np.allclose(d.x_train[3, 0].numpy(), expected, atol=1e-5)
+
+
+def test_fmnist_is_the_same_reader_on_its_own_folder_and_statistics(tmp_path):
+    """Fashion-MNIST reads torchvision's FashionMNIST/raw layout through the one IDX reader,
+    normalised with its own statistics; MNIST files beside it are not mistaken for it."""
+    arrays = fake_mnist(tmp_path, n_train=9, gz=True, folder="FashionMNIST")
+    d = load_source("fmnist", tmp_path)
+    assert d.name == "fmnist" and d.x_train.shape == (9, 1, 28, 28) and d.num_classes == 10
+    assert d.y_train.tolist() == arrays["train"][1].tolist()
+    expected = (arrays["train"][0][4] / 255.0 - 0.2860) / 0.3530
+    assert np.allclose(d.x_train[4, 0].numpy(), expected, atol=1e-5)
+    with pytest.raises(DataError) as err:  # MNIST's folder is not Fashion-MNIST's
+        load_source("mnist", tmp_path)
+    assert "mnist file not found" in str(err.value) and "MNIST/raw" in str(err.value)
+    with pytest.raises(DataError) as err:
+        load_source("fmnist", tmp_path / "elsewhere")
+    msg = str(err.value)
+    assert str(tmp_path / "elsewhere" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte") in msg
+    assert "--download" in msg and "FashionMNIST/raw" in msg
 
 
 def test_mnist_prefers_plain_over_gz(tmp_path):
@@ -162,6 +183,19 @@ def test_real_mnist_from_shared():
     d = load_source("mnist", SHARED_DATA)
     assert d.x_train.shape == (60000, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
     assert d.y_train.unique().tolist() == list(range(10)) == d.y_test.unique().tolist()
+    assert abs(d.x_train.mean().item()) < 0.01 and abs(d.x_train.std().item() - 1) < 0.01
+
+
+@pytest.mark.skipif(not FMNIST_RAW.is_dir(), reason=f"real Fashion-MNIST files not found at {FMNIST_RAW}")
+def test_real_fmnist_from_shared():
+    """The shared Fashion-MNIST (Debian's recompressed archives: no archive checksum is checked):
+    60 000 / 10 000 images of 28x28, 10 classes of exactly 6 000 / 1 000, the release's label order."""
+    d = load_source("fmnist", SHARED_DATA)
+    assert d.x_train.shape == (60000, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
+    assert d.num_classes == 10
+    assert torch.bincount(d.y_train).tolist() == [6000] * 10
+    assert torch.bincount(d.y_test).tolist() == [1000] * 10
+    assert d.y_train[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]  # ankle boot, T-shirt, ...
     assert abs(d.x_train.mean().item()) < 0.01 and abs(d.x_train.std().item() - 1) < 0.01
 
 

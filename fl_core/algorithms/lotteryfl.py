@@ -74,7 +74,7 @@ class LotteryFLParams(MethodParams):
                                                  "0.9 on MNIST-like data, 0.5 otherwise)", low=0, high=1)
 
 
-MNIST_LIKE = ("mnist", "digits", "emnist")
+MNIST_LIKE = ("mnist", "fmnist", "digits", "emnist")  # 28x28 (or 8x8) grayscale, small LeNets
 AUTHORS_DEFAULTS = {True: {"acc_threshold": 0.5, "target_sparsity": 0.9},   # MNIST / EMNIST runs
                     False: {"acc_threshold": 0.1, "target_sparsity": 0.5}}  # CIFAR-10 runs
 

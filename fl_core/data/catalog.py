@@ -4,8 +4,10 @@
     digits            -                                -                        bundled (scikit-learn)
     synthetic         -                                -                        none
     mnist             -                                -                        MNIST/raw/*-ubyte[.gz]
+    fmnist            -                                -                        FashionMNIST/raw/*-ubyte[.gz]
     cifar10           -                                -                        cifar-10-batches-py/
     mnist_c           one per corruption (+ clean)     corruptions, severity    MNIST/raw (offline benchmark)
+    fmnist_c          one per corruption (+ clean)     corruptions, severity    FashionMNIST/raw
     digits_c          one per corruption (+ clean)     corruptions, severity    bundled
     cifar10c          one per corruption               corruptions, severity,   CIFAR-10-C/*.npy
                                                        image_size
@@ -16,11 +18,11 @@
     cifar100          -                                image_size               cifar-100-python/
     mini_imagenet     -                                image_size               mini-imagenet/*.pkl
 
-Options left at their defaults mean the source's own default (corruptions: mnist_c/digits_c
+Options left at their defaults mean the source's own default (corruptions: mnist_c/fmnist_c/digits_c
 `DEFAULT_CORRUPTIONS`, cifar10c FedL2P's ten; severity 3; image_size 32, Mini-ImageNet 84;
 DomainNet FedBN's ten classes). An option given to a source that does not take it is an error,
 as is a corruption name the source does not have (`check_options`), and so are clients that do
-not fit the source's domains (`check_clients`); `RunConfig` calls both before any data is read. The readers: fl_core/data/sources.py (the first four),
+not fit the source's domains (`check_clients`); `RunConfig` calls both before any data is read. The readers: fl_core/data/sources.py (the first five),
 corrupted_sources.py, domain_sources.py and domain_folders.py.
 """
 from __future__ import annotations
@@ -140,7 +142,8 @@ def load_source(name: str, data_root: str | os.PathLike | None = None, download:
     """Load dataset ``name`` (one of :data:`SOURCES`) with its options (module docstring).
 
     ``data_root`` is used by the file-based sources (default ``$FL_DATA_ROOT`` or ``./data``);
-    ``download`` lets torchvision fetch mnist/cifar10 (and mnist_c's MNIST) into it.
+    ``download`` lets torchvision fetch mnist/fmnist/cifar10 (and mnist_c's MNIST, fmnist_c's
+    Fashion-MNIST) into it.
     """
     check_options(name, corruptions=corruptions, severity=severity, image_size=image_size,
                   domainnet_classes=domainnet_classes)

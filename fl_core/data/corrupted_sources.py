@@ -1,6 +1,6 @@
-"""``mnist_c`` and ``digits_c``: the project's offline feature-shift benchmark.
+"""``mnist_c``, ``fmnist_c`` and ``digits_c``: the project's offline feature-shift benchmark.
 
-The real MNIST (or scikit-learn digits) images under K chosen corruptions of
+The real MNIST (Fashion-MNIST, or scikit-learn digits) images under K chosen corruptions of
 :mod:`fl_core.data.corruptions`, at one severity, one **domain per corruption** (``clean`` names
 the uncorrupted images as a domain of its own). Each underlying image belongs to exactly one
 domain: every class's train images (and, separately, its test images) are shuffled with the fixed
@@ -30,7 +30,8 @@ from .corruptions import CORRUPTIONS, corrupt
 from .sources import Dataset, DataError, _labels
 
 CLEAN = "clean"
-CORRUPTED_SOURCES = ("mnist_c", "digits_c")
+CORRUPTED_SOURCES = ("mnist_c", "fmnist_c", "digits_c")
+_BASE = {"mnist_c": "mnist", "fmnist_c": "fmnist", "digits_c": "digits"}
 # Four corruptions of different families (noise, blur, weather, digital) that leave MNIST digits
 # recognisable at severity 3 but change their pixel statistics differently.
 DEFAULT_CORRUPTIONS = ("gaussian_noise", "motion_blur", "fog", "contrast")
@@ -77,18 +78,19 @@ def _corrupt_split(images: np.ndarray, labels: np.ndarray, names: tuple[str, ...
 @functools.lru_cache(maxsize=4)
 def load_corrupted(source: str, names: tuple[str, ...], severity: int, data_root: str | None = None,
                    download: bool = False) -> Dataset:
-    """``mnist_c`` or ``digits_c`` with one domain per name in ``names`` (see the module docstring)."""
-    from .sources import _digits_uint8, _mnist_uint8
+    """``mnist_c``, ``fmnist_c`` or ``digits_c`` with one domain per name in ``names`` (see the module
+    docstring)."""
+    from .sources import digits_uint8, idx_uint8
 
     if source not in CORRUPTED_SOURCES:
         raise DataError(f"unknown corrupted source {source!r}; allowed: {', '.join(CORRUPTED_SOURCES)}")
     check_corruptions(names, source)
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
         raise DataError(f"{source}: severity must be an integer in 1..5, got {severity!r}")
-    if source == "mnist_c":
-        x_tr, y_tr, x_te, y_te = _mnist_uint8(Path(data_root) if data_root else None, download)
+    if source != "digits_c":
+        x_tr, y_tr, x_te, y_te = idx_uint8(_BASE[source], Path(data_root) if data_root else None, download)
     else:
-        x_tr, y_tr, x_te, y_te = _digits_uint8()
+        x_tr, y_tr, x_te, y_te = digits_uint8()
     x_tr, y_tr, d_tr = _corrupt_split(x_tr, y_tr, names, severity, "train")
     x_te, y_te, d_te = _corrupt_split(x_te, y_te, names, severity, "test")
     mean, std = float(x_tr.mean()) / 255.0, float(x_tr.std()) / 255.0

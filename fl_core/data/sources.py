@@ -6,7 +6,12 @@ tensors, normalised with a per-dataset mean/std, and whose labels are int64.
 * ``digits``    scikit-learn's bundled 8x8 digits (offline). It has no test split, so it
                 is split once, stratified 70/30, with a fixed seed independent of the run.
 * ``mnist``     torchvision's on-disk layout ``<root>/MNIST/raw/*-ubyte[.gz]``, read by
-                the small IDX reader below.
+                the small IDX reader below (:func:`idx_uint8`, one reader for the IDX family).
+* ``fmnist``    Fashion-MNIST (Xiao et al. 2017) in torchvision's layout
+                ``<root>/FashionMNIST/raw/*-ubyte[.gz]``, the same reader. No archive checksum is
+                checked on files already there (Debian's ``dataset-fashion-mnist`` recompresses the
+                archives; the IDX payloads are the originals); ``download`` goes through torchvision,
+                which checks the upstream archives it fetches.
 * ``cifar10``   torchvision's layout ``<root>/cifar-10-batches-py/``, python pickles.
 * ``synthetic`` a tiny deterministic 10-class problem (class prototypes plus noise).
 
@@ -31,17 +36,19 @@ import torch
 
 # The sources defined in this file; every name a run can ask for (the papers' datasets, the
 # corrupted benchmark) is in `fl_core.data.catalog.SOURCES`, whose `load_source` takes them all.
-BASE_SOURCES = ("digits", "mnist", "cifar10", "synthetic")
+BASE_SOURCES = ("digits", "mnist", "fmnist", "cifar10", "synthetic")
 
 _INPUT_SHAPES = {
     "digits": (1, 8, 8),
     "mnist": (1, 28, 28),
+    "fmnist": (1, 28, 28),
     "cifar10": (3, 32, 32),
     "synthetic": (1, 8, 8),
 }
 
 # Standard channel statistics of the training sets (pixel values scaled to [0, 1]).
 _MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
+_FMNIST_MEAN, _FMNIST_STD = (0.2860,), (0.3530,)
 _CIFAR_MEAN, _CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 DIGITS_SPLIT_SEED = 0  # fixed: the digits train/test split never depends on the run seed
@@ -100,7 +107,7 @@ def load_source(name: str, data_root: str | os.PathLike | None = None,
                 download: bool = False) -> Dataset:
     """Load dataset ``name`` (one of :data:`BASE_SOURCES`).
 
-    ``data_root`` is only used by the file-based sources (mnist, cifar10); ``download``
+    ``data_root`` is only used by the file-based sources (mnist, fmnist, cifar10); ``download``
     lets torchvision fetch missing files into it.
     """
     _check_name(name)
@@ -109,8 +116,8 @@ def load_source(name: str, data_root: str | os.PathLike | None = None,
     if name == "synthetic":
         return _load_synthetic()
     root = Path(data_root) if data_root is not None else default_data_root()
-    if name == "mnist":
-        return _load_mnist(root, download)
+    if name in IDX_FOLDERS:
+        return _load_idx(name, root, download)
     return _load_cifar10(root, download)
 
 
@@ -146,7 +153,7 @@ def _load_digits() -> Dataset:
     return _from_float("digits", *_digits_split(), 10)
 
 
-def _digits_uint8() -> tuple[np.ndarray, ...]:
+def digits_uint8() -> tuple[np.ndarray, ...]:
     """The digits split as uint8 images (N, 8, 8) in 0..255 and labels (for `digits_c`)."""
     x_tr, y_tr, x_te, y_te = _digits_split()
     to_u8 = lambda x: np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
@@ -215,7 +222,7 @@ def _load_synthetic(n_train: int = 600, n_test: int = 200, num_classes: int = 10
     return _from_float("synthetic", x_tr, y_tr, x_te, y_te, num_classes)
 
 
-# ---------------------------------------------------------------- MNIST (IDX files)
+# ---------------------------------------------------------------- MNIST, Fashion-MNIST (IDX files)
 
 _IDX_MAGIC = {3: 0x00000803, 1: 0x00000801}  # ndim -> magic number of uint8 IDX files
 
@@ -252,10 +259,13 @@ def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
-_MNIST_FILES = {
+_IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+# The IDX family: source name -> (torchvision's folder and dataset class, normalisation mean, std).
+IDX_FOLDERS = {"mnist": "MNIST", "fmnist": "FashionMNIST"}
+_IDX_STATS = {"mnist": (_MNIST_MEAN, _MNIST_STD), "fmnist": (_FMNIST_MEAN, _FMNIST_STD)}
 
 
 def _find_idx(raw_dir: Path, stem: str) -> Path | None:
@@ -266,11 +276,10 @@ def _find_idx(raw_dir: Path, stem: str) -> Path | None:
     return None
 
 
-def _mnist_paths(root: Path) -> dict[str, Path] | Path:
+def _idx_paths(raw_dir: Path) -> dict[str, Path] | Path:
     """All four file paths, or the first missing path (without suffix)."""
-    raw_dir = root / "MNIST" / "raw"
     found = {}
-    for stems in _MNIST_FILES.values():
+    for stems in _IDX_FILES.values():
         for stem in stems:
             path = _find_idx(raw_dir, stem)
             if path is None:
@@ -279,18 +288,23 @@ def _mnist_paths(root: Path) -> dict[str, Path] | Path:
     return found
 
 
-def _mnist_uint8(root: Path | None, download: bool = False) -> tuple[np.ndarray, ...]:
-    """(train images uint8 (N, 28, 28), train labels, test images, test labels), checked."""
+def idx_uint8(name: str, root: Path | None, download: bool = False) -> tuple[np.ndarray, ...]:
+    """(train images uint8 (N, 28, 28), train labels, test images, test labels) of an IDX-family
+    source (``mnist`` or ``fmnist``: :data:`IDX_FOLDERS`) under ``<root>/<folder>/raw``, checked:
+    magic numbers, payload sizes, images and labels of equal count, labels in 0..9."""
+    if name not in IDX_FOLDERS:
+        raise DataError(f"{name!r} is not an IDX dataset; allowed: {', '.join(IDX_FOLDERS)}")
+    folder = IDX_FOLDERS[name]
     root = root if root is not None else default_data_root()
-    paths = _mnist_paths(root)
+    paths = _idx_paths(root / folder / "raw")
     if isinstance(paths, Path) and download:
-        _torchvision_fetch("MNIST", root)
-        paths = _mnist_paths(root)
+        _torchvision_fetch(folder, root)
+        paths = _idx_paths(root / folder / "raw")
     if isinstance(paths, Path):
-        raise DataError(f"MNIST file not found: {paths} (or {paths}.gz); pass --download "
-                        f"to fetch it, or --data-root pointing at a folder holding MNIST/raw")
+        raise DataError(f"{name} file not found: {paths} (or {paths}.gz); pass --download "
+                        f"to fetch it, or --data-root pointing at a folder holding {folder}/raw")
     out = []
-    for img_stem, lbl_stem in _MNIST_FILES.values():
+    for img_stem, lbl_stem in _IDX_FILES.values():
         images = read_idx(paths[img_stem], ndim=3)
         labels = read_idx(paths[lbl_stem], ndim=1)
         if len(images) != len(labels):
@@ -302,10 +316,11 @@ def _mnist_uint8(root: Path | None, download: bool = False) -> tuple[np.ndarray,
     return tuple(out)
 
 
-def _load_mnist(root: Path, download: bool) -> Dataset:
-    x_tr, y_tr, x_te, y_te = _mnist_uint8(root, download)
-    return Dataset("mnist", _normalise(x_tr[:, None], _MNIST_MEAN, _MNIST_STD), _labels(y_tr),
-                   _normalise(x_te[:, None], _MNIST_MEAN, _MNIST_STD), _labels(y_te), num_classes=10)
+def _load_idx(name: str, root: Path, download: bool) -> Dataset:
+    x_tr, y_tr, x_te, y_te = idx_uint8(name, root, download)
+    mean, std = _IDX_STATS[name]
+    return Dataset(name, _normalise(x_tr[:, None], mean, std), _labels(y_tr),
+                   _normalise(x_te[:, None], mean, std), _labels(y_te), num_classes=10)
 
 
 # ---------------------------------------------------------------- CIFAR-10 (pickles)
