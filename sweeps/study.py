@@ -54,6 +54,15 @@ class Study:
     customize: Callable[[StudySpec, argparse.Namespace], StudySpec] | None = None
 
     @property
+    def presets(self) -> dict[str, Path]:
+        """`--preset NAME` choices: "default" (the file itself) and each sibling study file
+        `<stem>_<name>.toml` (e.g. dispfl_fmnist.toml: the study on Fashion-MNIST, 5 seeds)."""
+        found = {"default": self.spec}
+        for path in sorted(self.spec.parent.glob(f"{self.spec.stem}_*.toml")):
+            found[path.stem.removeprefix(f"{self.spec.stem}_")] = path
+        return found
+
+    @property
     def name(self) -> str:
         return load_spec(self.spec).name
 
@@ -107,6 +116,12 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                + (f" The file's [pretraining] ({spec.pretraining.algorithm}) runs first, once per data setting, seed "
                   "and model; the knob flags set the trials after it, never the pretraining."
                   if spec.pretraining else ""))
+    presets = study.presets
+    if len(presets) > 1:
+        parser.add_argument("--preset", choices=tuple(presets), default="default",
+                            help="which study file to start from: " + "; ".join(
+                                f"{name} = {path.parent.name}/{path.name}" for name, path in presets.items())
+                            + " (flags still override it; --help shows the default file's values) (default: default)")
     if study.add_arguments:
         study.add_arguments(parser)
     methods = parser.add_argument_group("methods and seeds")
@@ -173,7 +188,7 @@ def given_knobs(args: argparse.Namespace) -> dict[str, Any]:
 
 def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
     """The study file with the command line applied."""
-    spec = load_spec(study.spec)
+    spec = load_spec(study.presets.get(getattr(args, "preset", "default"), study.spec))
     if study.customize:
         spec = study.customize(spec, args)
     given = vars(args)
@@ -201,7 +216,7 @@ def run_study(study: Study, argv: list[str] | None = None) -> int:
 def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float | str]:
     """Check the flags and the study file and build every trial's config (raises before any data,
     Ray or file)."""
-    name = load_spec(study.spec).name
+    name = load_spec(study.presets.get(getattr(args, "preset", "default"), study.spec)).name
     folder = sweep_folder(name, args)
     if args.resume:
         extra = sorted(set(given_knobs(args)) | ({"algorithms", "anchors", "seeds", "search", "scheduler",
