@@ -6,7 +6,9 @@ report their training cost, or with `--table cost`):
 - rows: methods (with several data settings: one block of rows per setting);
 - per c (`participation`): accuracy before fine-tuning (`acc_global`: the model a device holds
   after the last round) and after (`acc`: its fine-tuned copy), final round, mean ± std over seeds,
-  in %, the best after-FT cell of each column in bold;
+  in %; a cell that differs significantly from FedAvg+FT's in its column (the poster's baseline
+  of fine-tuning after federated training) is marked "▲"/"▼"; bold: the best after-FT cell of each
+  column and every one not significantly worse (analysis.stats);
 - cost: trainable parameters (entries a device's local update changes: a frozen head and frozen
   groups are not counted), forward and backward FLOPs per training sample (torch's counter,
   convolutions and matrix products, 1 multiply-add = 2 FLOPs; no weight gradient for a frozen
@@ -24,10 +26,13 @@ import pandas as pd
 from analysis.load import load_rounds, unfinished
 from analysis.plots import best_trials
 from analysis.render import MISSING, write_grouped_table
+from analysis.stats import compare, final_accuracies
 from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.results import across_seeds, setting_label
 
 COST = ("trainable_params", "fwd_mflops", "bwd_mflops")
+REFERENCE = ("FedAvg+FT",)
+PARTS = {"Before FT": "acc_global", "After FT": "acc"}  # column part -> the accuracy it reports
 COST_HEADERS = {"trainable_params": "Params (K)", "fwd_mflops": "Fwd MFLOPs", "bwd_mflops": "Bwd MFLOPs"}
 
 
@@ -50,13 +55,29 @@ def device_costs(sweeps, hashes) -> pd.DataFrame:
     return rows.groupby(["config_hash", "client"])[list(COST)].last().reset_index()
 
 
-def _pm(values) -> str | None:
+def _pm(values, marks: str = "") -> str | None:
     mean, std, n = across_seeds(np.asarray(values, dtype=float) * 100)
-    return None if n == 0 else f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
+    return None if n == 0 else (f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}") + marks
 
 
-def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(cell texts, bold mask, caption); see the module docstring."""
+def accuracy_runs(sweeps, chosen: pd.DataFrame):
+    """(runs, finals) for `analysis.stats.compare`: per trial and column part (before / after
+    fine-tuning) its accuracy, in the group (setting, c, part); the per-client finals keyed by
+    "<config hash>|<part>"."""
+    rounds = load_rounds(sweeps, columns=["acc", "acc_global", "pool"], trials=chosen["config_hash"], labels=False)
+    runs, finals = [], []
+    for part, column in PARTS.items():
+        runs.append(pd.DataFrame({"row": chosen["method"], "seed": chosen["seed"], "value": chosen[f"{column}_mean"],
+                                  "column": [(s, _c_label(c), part) for s, c in zip(chosen["setting"],
+                                                                                    chosen["participation"])],
+                                  "run": chosen["config_hash"] + f"|{part}"}))
+        if column in rounds:
+            finals.append(final_accuracies(rounds, column).assign(run=lambda f, p=part: f["run"] + f"|{p}"))
+    return pd.concat(runs, ignore_index=True), pd.concat(finals, ignore_index=True) if finals else None
+
+
+def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str, pd.DataFrame]:
+    """(cell texts, bold mask, caption, summary rows); see the module docstring."""
     trials = counted(trials, "drop")
     late = unfinished(trials)
     finished = trials[~late & trials.get("trainable_params_mean", pd.Series(np.nan, index=trials.index)).notna()]
@@ -77,39 +98,41 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in ("Before FT", "After FT")]
                                         + [("Cost", COST_HEADERS[k]) for k in COST])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
+    verdict = compare(*accuracy_runs(sweeps, chosen), references=REFERENCE,
+                      ranked=[(s, _c_label(c), "After FT") for s in settings for c in rates])
+    marks, bolds = verdict.lookup("marks"), verdict.lookup("bold")
     bold = pd.DataFrame(False, index=index, columns=columns)
     for setting in settings:
         for method in methods:
             row = (setting, method) if many else method
             mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
-            for c in rates:
-                at = mine[mine["participation"] == c]
-                cells.loc[row, (_c_label(c), "Before FT")] = _pm(at["acc_global_mean"]) if len(at) else None
-                cells.loc[row, (_c_label(c), "After FT")] = _pm(at["acc_mean"]) if len(at) else None
+            for c, part in [(c, part) for c in rates for part in PARTS]:
+                at, key = mine[mine["participation"] == c], (method, (setting, _c_label(c), part))
+                cells.loc[row, (_c_label(c), part)] = _pm(at[f"{PARTS[part]}_mean"], marks.get(key, "")) \
+                    if len(at) else None
+                bold.loc[row, (_c_label(c), part)] = bool(bolds.get(key, False))
             if (setting, method) in cost_of.index:
                 cost = cost_of.loc[(setting, method)]
                 cells.loc[row, ("Cost", "Params (K)")] = f"{cost['trainable_params'] / 1e3:.1f}"
                 cells.loc[row, ("Cost", "Fwd MFLOPs")] = f"{cost['fwd_mflops']:.3f}"
                 cells.loc[row, ("Cost", "Bwd MFLOPs")] = f"{cost['bwd_mflops']:.3f}"
-        for c in rates:  # bold: the best mean after fine-tuning per setting and c
-            at = chosen[(chosen["setting"] == setting) & (chosen["participation"] == c)]
-            means = at.groupby("method")["acc_mean"].mean()
-            if len(means):
-                best = means.idxmax()
-                bold.loc[(setting, best) if many else best, (_c_label(c), "After FT")] = True
     seeds = chosen.groupby(["setting", "method", "participation"])["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     dropped = int(late.sum())
     caption = (f"Accuracy (%) of the devices' models after the last round, before and after fine-tuning, mean ± std "
-               f"over seeds ({n} per cell), best after fine-tuning in bold; c = share of devices per round. "
+               f"over seeds ({n} per cell); c = share of devices per round. {verdict.caption('after fine-tuning')} "
                f"Cost, mean over devices: trainable parameters (a frozen head and frozen layer groups excluded) and "
                f"FLOPs per training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight "
                f"gradient for a frozen layer). Each method at its best configuration; finished trials only"
                + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result.")
-    return cells, bold, caption
+    return cells, bold, caption, verdict.summary("cost")
 
 
-def write_cost_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False) -> Path:
-    """Write `<out>/cost.tex` (and with `markdown` `<out>/cost.md`); returns the .tex file."""
-    cells, bold, caption = cost_table(sweeps, trials)
+def write_cost_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False,
+                     summaries: list | None = None) -> Path:
+    """Write `<out>/cost.tex` (and with `markdown` `<out>/cost.md`); returns the .tex file. The
+    table's summary rows (`analysis.stats.Verdict.summary`) are appended to `summaries`."""
+    cells, bold, caption, summary = cost_table(sweeps, trials)
+    if summaries is not None:
+        summaries.append(summary)
     return write_grouped_table("cost", cells, bold, caption, out, markdown, echo)

@@ -20,8 +20,10 @@ or with `--table fedl2p`):
 - then FT (BN C), FT (BN G), FT (BN I), L2P, FedL2P and the ablations present (BNNet, LRNet with
   β = 1 and β = 0, FOMAML+): the personalized accuracy `acc`, the client mean at the final round
   of the pool (the last round where it has an accuracy), mean ± std over seeds, in %. A method
-  that never ran has no column; a cell without a result is "--". The best cell of each row (Global
-  Acc excluded) is bold.
+  that never ran has no column; a cell without a result is "--". A cell that differs significantly
+  from FT (BN C) in its row (the paper's fine-tuning baseline) is marked "▲"/"▼"; bold: the best
+  cell of each row (Global Acc excluded) and every one not significantly worse (analysis.stats;
+  per-client pairs of the row's pool).
 `tables/fedl2p_policy.tex`: per row of FedL2P, its ablations and L2P (seen clients): the learned
 policy at the final round (mean β, share of tensors at rate 0, mean η), the hypergradient time per
 client and round, and λ's traffic per client and round (up + down; L2P sends nothing).
@@ -39,7 +41,8 @@ import pandas as pd
 
 from analysis.load import load_rounds, unfinished
 from analysis.plots import config_knobs
-from analysis.render import MISSING, format_cell, frame_latex, unfinished_note
+from analysis.render import MISSING, format_cell, frame_latex, latex_cells, unfinished_note
+from analysis.stats import compare, final_accuracies
 from analysis.tables import TableError, _settings_order, counted
 from fl_core.results import MB, across_seeds
 
@@ -48,6 +51,7 @@ META = ("l2p", "fedl2p")                 # those that learn a policy (λ)
 GLOBAL = "Global Acc"
 METHODS = ("FT (BN C)", "FT (BN G)", "FT (BN I)", "L2P", "FedL2P")  # the paper's Table 2/3 columns
 ABLATIONS = ("FedL2P (BNNet)", "FedL2P (LRNet, β = 1)", "FedL2P (LRNet, β = 0)", "FedL2P (FOMAML+)")
+REFERENCE = ("FT (BN C)",)            # the paper's baseline: fine-tuning with the client's BN statistics
 UNKNOWN = "not in these results"        # a pretraining whose trial the results do not hold
 LEVELS = {"setting": "Data setting", "pretraining": "Pretraining", "rounds": "Rounds", "pool": "Clients",
           "ft_epochs": "e"}
@@ -150,8 +154,8 @@ def method_columns(methods) -> list[str]:
 
 # ---------------------------------------------------------------- the accuracy table
 
-def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(cell texts, bold mask, caption) of `fedl2p.tex`; see the module docstring."""
+def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str, pd.DataFrame]:
+    """(cell texts, bold mask, caption, summary rows) of `fedl2p.tex`; see the module docstring."""
     chosen, late = study_trials(trials)
     rounds = load_rounds(sweeps, columns=["acc", "acc_global", "pool", "method", "setting"],
                          trials=chosen["config_hash"])
@@ -162,36 +166,37 @@ def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
     rows = _row_order(scores, levels)
     methods = method_columns(scores["method"])
     columns = [GLOBAL, *methods]
-    stats = {}  # (row, column) -> (mean, std, n)
+    stats, runs = {}, []  # (row, column) -> (mean, std, n); per row and method its runs (analysis.stats)
     for row, group in scores.groupby(levels, sort=False):
         row = row if isinstance(row, tuple) else (row,)
         per_seed = group.groupby("seed")["acc_global"].mean()  # the seed's pretrained model
         stats[(row, GLOBAL)] = across_seeds(per_seed.to_numpy())
         for method, part in group.groupby("method"):
             stats[(row, method)] = across_seeds(part["acc"].to_numpy())
+            runs.append(pd.DataFrame({"row": [row] * len(part), "column": method, "seed": part["seed"].to_numpy(),
+                                      "value": part["acc"].to_numpy(), "run": (part["config_hash"] + "|" + part["pool"]).to_numpy()}))
+    finals = pd.concat([final_accuracies(rounds, "acc", pool).assign(run=lambda f, p=pool: f["run"] + f"|{p}")
+                        for pool in POOLS])
+    verdict = compare(pd.concat(runs, ignore_index=True), finals, REFERENCE, within="row")
+    marks = verdict.lookup("marks")
     counts = [n for (_, column), (_, _, n) in stats.items() if column != GLOBAL and n > 0]
     usual = int(pd.Series(counts).mode().min()) if counts else 0
     index = pd.MultiIndex.from_tuples(rows, names=[LEVELS[c] for c in levels])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
-    bold = pd.DataFrame(False, index=index, columns=columns)
     for i, row in enumerate(rows):  # positional writes: the row index is in table order, not sorted
-        shown = {}
         for j, column in enumerate(columns):
             mean, std, n = stats.get((row, column), (np.nan, np.nan, 0))
-            cells.iat[i, j] = format_cell(mean, std, n, usual)
-            if column != GLOBAL and n > 0:
-                shown[j] = round(100 * mean, 1)  # ties as printed are all bold
-        for j, value in shown.items():
-            bold.iat[i, j] = value == max(shown.values())
-    return cells, bold, _caption(chosen, levels, usual, stats, late)
+            cells.iat[i, j] = format_cell(mean, std, n, usual, mark=marks.get((row, column), ""))
+    bold = verdict.frame("bold", index, columns, False).astype(bool)
+    return cells, bold, _caption(chosen, levels, usual, stats, late, verdict.caption()), verdict.summary("fedl2p")
 
 
-def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, stats: dict, late: pd.DataFrame) -> str:
+def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, stats: dict, late: pd.DataFrame, tests: str) -> str:
     seeds = {n for (_, column), (_, _, n) in stats.items() if column != GLOBAL and n > 0}
     count = f"{usual} seed{'s' if usual != 1 else ''} per cell" + ("" if len(seeds) <= 1 else " unless marked (n=k)")
     parts = [f"FedL2P and its baselines: personalized accuracy (%) after fine-tuning the pretrained model for e "
-             f"epochs, at the final round, mean over clients, then mean ± std over seeds ({count}); best of each "
-             f"row in bold. Global Acc: the pretrained model before fine-tuning (not compared)."]
+             f"epochs, at the final round, mean over clients, then mean ± std over seeds ({count}). {tests} Global "
+             f"Acc: the pretrained model before fine-tuning (not compared)."]
     if "pool" in levels:
         parts.append("Seen clients took part in training; unseen ones were held out and scored after the last round.")
     if "pretraining" not in levels:
@@ -270,8 +275,7 @@ def policy_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
 def row_table_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
     """`analysis.render.frame_latex` for a table whose rows have several named levels: one
     left-aligned column per level, their names on the header line."""
-    cells = cells.apply(lambda col: col.str.replace("±", r"$\pm$", regex=False))
-    latex = frame_latex(cells, bold, caption, name)
+    latex = frame_latex(latex_cells(cells), bold, caption, name)
     for letter, command in GREEK.items():  # method labels and headers (render makes only α math)
         latex = latex.replace(letter, f"${command}$")
     levels = cells.index.nlevels
@@ -318,11 +322,15 @@ def write_row_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption:
     return path
 
 
-def write_fedl2p_tables(sweeps, trials: pd.DataFrame, out, markdown: bool = False,
-                        echo: bool = False) -> dict[str, Path]:
+def write_fedl2p_tables(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False,
+                        summaries: list | None = None) -> dict[str, Path]:
     """Write `fedl2p.tex` and, when FedL2P or L2P ran, `fedl2p_policy.tex` (with `markdown` also
-    their .md); returns name -> .tex file."""
-    written = {"fedl2p": write_row_table("fedl2p", *fedl2p_table(sweeps, trials), out, markdown, echo)}
+    their .md); returns name -> .tex file. The accuracy table's summary rows
+    (`analysis.stats.Verdict.summary`) are appended to `summaries`."""
+    *table, summary = fedl2p_table(sweeps, trials)
+    if summaries is not None:
+        summaries.append(summary)
+    written = {"fedl2p": write_row_table("fedl2p", *table, out, markdown, echo)}
     chosen, _ = study_trials(trials)
     if chosen["algorithm"].isin(META).any():
         written["fedl2p_policy"] = write_row_table("fedl2p_policy", *policy_table(sweeps, trials), out, markdown, echo)

@@ -79,13 +79,16 @@ def is_gradselect(frame: pd.DataFrame) -> pd.Series:
     return (frame["algorithm"] == "fedselect") & (variant.isna() | (variant == "gradselect"))
 
 
-def load_rounds(paths, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None) -> pd.DataFrame:
-    """One row per (trial, round, client) of every sweep, labelled. `columns`: read only these
-    (plus the keys); `trials`: only these config hashes."""
+def load_rounds(paths, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None,
+                labels: bool = True) -> pd.DataFrame:
+    """One row per (trial, round, client) of every sweep, labelled (unless `labels` is False: rows
+    of engine v1 need their knob columns for that). `columns`: read only these (plus the keys);
+    `trials`: only these config hashes."""
     if columns is not None:
         columns = list(dict.fromkeys(["config_hash", "round", "client", *columns]))
     wanted = None if trials is None else set(trials)
-    return labelled(_concat([read_rounds(s, columns, wanted) for s in find_sweeps(paths)]))
+    rows = _concat([read_rounds(s, columns, wanted) for s in find_sweeps(paths)])
+    return labelled(rows) if labels else rows
 
 
 def load_trials(paths) -> pd.DataFrame:

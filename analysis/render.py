@@ -2,10 +2,14 @@
 and a text preview.
 
 A cell is "mean ± std" over seeds in % (one seed: the mean alone), "(n=k)" where its seed count
-differs from the table's usual count, bold where it is the best of its column (or of the table),
-"--" where there is no result. A cell that includes a run which did not reach its last round
-carries a dagger (LaTeX `$^\\dagger$`, preview "†"), explained at the end of the caption together
-with the rounds those runs reached.
+differs from the table's usual count, "--" where there is no result. A cell that includes a run
+which did not reach its last round carries a dagger (LaTeX `$^\\dagger$`, preview "†"), explained
+at the end of the caption together with the rounds those runs reached. A table that knows the runs
+behind its cells (`Table.runs`, filled by `summarize`) gets its marks and bold from
+`analysis.stats.compare`: "▲"/"▼" (and "△"/"▽" for a second reference) where a cell differs
+significantly from a reference row of its column, bold on the best of its column (or of the table)
+and every cell not significantly worse than it; the caption says which tests and correction.
+Without runs, bold is the best value as printed.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import pandas as pd
 from fl_core.results import across_seeds
 
 from .load import unfinished as unfinished_trials
+from .stats import LATEX_MARKS, Verdict, compare
 
 MISSING = "--"
 UNFINISHED = ("mark", "drop")  # what a table does with trials that did not finish (see `summarize`)
@@ -27,7 +32,10 @@ DAGGER = "†"  # the mark of a cell with unfinished runs (LaTeX: $^\dagger$, se
 
 @dataclass
 class Table:
-    """A table's numbers: `mean`, `std` and `n` (seeds) share one index and columns."""
+    """A table's numbers: `mean`, `std` and `n` (seeds) share one index and columns; `runs`, one row
+    per run in a cell (`analysis.stats.compare`'s columns: row, column, seed, value, run),
+    `references` (row labels the other rows are tested against) and `finals` (per-client final
+    accuracies keyed by run, `analysis.stats.load_final_accuracies`) give the marks and bold."""
     name: str
     mean: pd.DataFrame
     std: pd.DataFrame
@@ -38,6 +46,22 @@ class Table:
     notes: list[str] = field(default_factory=list)
     marked: pd.DataFrame | None = None  # True where a cell includes unfinished runs (None: none does)
     footnote: str = ""                  # what the mark means, or what was left out; ends the caption
+    runs: pd.DataFrame | None = None    # None: no tests, bold = the best value as printed
+    references: tuple[str, ...] = ()
+    finals: pd.DataFrame | None = None
+
+    _verdict: tuple = field(default=(None, None), repr=False, compare=False)  # (inputs, Verdict): computed once
+
+    def verdict(self) -> Verdict | None:
+        """The paired tests of the table's cells (None without `runs`), computed once per
+        `runs`, `finals`, `references` and `best` (an exact Wilcoxon test with ties can take a second)."""
+        if self.runs is None:
+            return None
+        inputs = (id(self.runs), id(self.finals), self.references, self.best)
+        if self._verdict[0] != inputs:
+            self._verdict = (inputs, compare(self.runs, self.finals, self.references,
+                                             best="group" if self.best == "column" else "table"))
+        return self._verdict[1]
 
     @property
     def usual_n(self) -> int:
@@ -52,20 +76,27 @@ class Table:
 
     def cells(self, pm: str = "±", dagger: str = DAGGER) -> pd.DataFrame:
         """The cell texts ("mean ± std", then `dagger` where the cell includes unfinished runs, then
-        "(n=k)" when k differs from the usual count); None where there is no result."""
+        the significance marks, then "(n=k)" when k differs from the usual count); None where there
+        is no result."""
         usual = self.usual_n
+        verdict = self.verdict()
+        marks = verdict.frame("marks", self.mean.index, self.mean.columns, "") if verdict else None
         text = pd.DataFrame(None, index=self.mean.index, columns=self.mean.columns, dtype=object)
         for row in self.mean.index:
             for col in self.mean.columns:
                 mark = dagger if self.marked is not None and bool(self.marked.loc[row, col]) else ""
+                mark += marks.loc[row, col] if marks is not None else ""
                 text.loc[row, col] = format_cell(self.mean.loc[row, col], self.std.loc[row, col],
                                                  int(self.n.loc[row, col]), usual, pm, mark)
         text.index.name, text.columns.name = None, self.row_title
         return text
 
     def best_mask(self) -> pd.DataFrame:
-        """True where a cell holds the best mean (of its column, or of the table) as printed, to
-        0.1%: cells that print the same best value are all bold."""
+        """True where a cell is bold: with `runs`, `analysis.stats.compare`'s bold; without, where it
+        holds the best mean (of its column, or of the table) as printed, to 0.1%."""
+        verdict = self.verdict()
+        if verdict is not None:
+            return verdict.frame("bold", self.mean.index, self.mean.columns, False).astype(bool)
         shown = (100 * self.mean).round(1)
         if self.best == "table":
             return shown.eq(shown.max().max()) & shown.notna()
@@ -77,14 +108,17 @@ class Table:
             count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
         else:
             count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell unless marked (n=k)"
-        legend = f"Final personalized accuracy (%), mean ± std over seeds ({count}); best in bold; -- = no result."
-        return " ".join(part for part in (self.caption, legend, *self.notes, self.footnote) if part)
+        verdict = self.verdict()
+        bold = "" if verdict is not None else " best in bold;"
+        legend = f"Final personalized accuracy (%), mean ± std over seeds ({count});{bold} -- = no result."
+        tests = verdict.caption() if verdict is not None else ""
+        return " ".join(part for part in (self.caption, legend, tests, *self.notes, self.footnote) if part)
 
 
 def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
               mode: str = "mark", **extra) -> Table:
     """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
-    absent cells get n = 0. Unfinished trials (`analysis.load.unfinished`) are marked in their
+    absent cells get n = 0; the runs of each cell (`Table.runs`) for the paired tests. Unfinished trials (`analysis.load.unfinished`) are marked in their
     cells (`mode` "mark") or left out of them ("drop"); the rows and columns stay those of all
     the trials, and the table's footnote says what was marked or left out."""
     if mode not in UNFINISHED:
@@ -108,6 +142,10 @@ def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=N
 
     n = wide("count").fillna(0).astype(int)
     table = Table(name, wide("mean"), wide("std"), n, **extra)
+    used = used[used["acc_mean"].notna()]
+    table.runs = pd.DataFrame({"row": used[rows], "column": used[cols], "value": used["acc_mean"],
+                               "seed": used["seed"] if "seed" in used else np.arange(len(used)),
+                               "run": used["config_hash"] if "config_hash" in used else None})
     if mode == "mark" and late.any():
         table.marked = late.groupby([trials[rows], trials[cols]]).any().unstack(cols, fill_value=False) \
             .reindex(index=row_order, columns=col_order, fill_value=False).astype(bool)
@@ -128,8 +166,8 @@ def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", m
 
 
 def to_latex(table: Table) -> str:
-    """The table as LaTeX: booktabs rules, the best cells in \\textbf, missing cells "--"."""
-    cells = table.cells(pm=r"$\pm$", dagger=r"$^\dagger$")
+    """The table as LaTeX: booktabs rules, the bold cells in \\textbf, missing cells "--"."""
+    cells = latex_cells(table.cells())
     cells.columns.name = _latex_text(table.row_title)
     return frame_latex(cells, table.best_mask(), table.full_caption(), table.name)
 
@@ -145,18 +183,30 @@ def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str
 
 
 def _latex_text(text: str) -> str:
-    """Plain caption text made LaTeX-safe (±, α and † become math)."""
+    """Plain caption text made LaTeX-safe (±, α, †, the significance marks become math)."""
     text = str(text)
     for char in "%_&#{}$":
         text = text.replace(char, "\\" + char)
-    return text.replace("±", r"$\pm$").replace("α", r"$\alpha$").replace(DAGGER, r"$^\dagger$")
+    return math_symbols(text.replace("α", r"$\alpha$"))
+
+
+def math_symbols(text: str) -> str:
+    """±, † and the significance marks (amssymb) of a cell or caption text as LaTeX."""
+    for char, latex in {"±": r"$\pm$", DAGGER: r"$^\dagger$", **LATEX_MARKS}.items():
+        text = text.replace(char, latex)
+    return text
+
+
+def latex_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Plain cell texts (None: no result) with `math_symbols`."""
+    return cells.map(math_symbols, na_action="ignore")
 
 
 def preview(table: Table) -> str:
-    """A plain-text rendering (best cells starred)."""
+    """A plain-text rendering (bold cells starred)."""
     cells = table.cells().fillna(MISSING)
     cells = cells.where(~table.best_mask(), cells + " *")
-    return f"[{table.name}] {table.full_caption()}  (* = best)\n{cells.to_string()}"
+    return f"[{table.name}] {table.full_caption()}  (* = bold)\n{cells.to_string()}"
 
 
 def to_markdown(table: Table) -> str:
@@ -218,9 +268,9 @@ def write_grouped_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, capt
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.tex"
-    latex_cells = cells.apply(lambda col: col.str.replace("±", r"$\pm$", regex=False))
-    latex_cells.columns.names = [None, None]
-    latex = frame_latex(latex_cells, bold, caption, name)
+    latex = latex_cells(cells)
+    latex.columns.names = [None, None]
+    latex = frame_latex(latex, bold, caption, name)
     path.write_text(re.sub(r"\\multicolumn\{(\d+)\}\{r\}", r"\\multicolumn{\1}{c}", latex))
     if markdown:
         path.with_suffix(".md").write_text(grouped_markdown(cells, bold, caption))

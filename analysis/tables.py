@@ -17,8 +17,11 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
             clients, fine-tuning epochs e): Global Acc and each method's accuracy, the paper's
             Tables 2-5; and fedl2p_policy, FedL2P's learned policy (analysis.fedl2p). These trials
             enter no other table, which would pool e (their pretrainings still do)
-The best mean of each column is bold (in the grid: the best cell of the table). A missing cell is
-"--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
+Marks and bold come from paired tests (analysis.stats; references: methods FedAvg ▲/▼ and Local
+△/▽, ablation FedSelect, traffic D-PSGD, cost FedAvg+FT, fedl2p FT (BN C)): bold is the best of
+each column (in the grid: of the table) and every cell not significantly worse than it; the
+caption names the tests. `<out>/summary.parquet`: per cell, the 95 % CI, p-values, mark and bold.
+A missing cell is "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
 number of seeds the caption says how many; otherwise cells that differ from the usual count are
 marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
 `fl_core.results.across_seeds`; row and column names are the `method` and `setting` columns that
@@ -52,7 +55,10 @@ from fl_core.results import KNOB_SYMBOLS
 from .load import is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
+from .stats import load_final_accuracies, write_summary
 
+METHODS_REFERENCES = ("FedAvg", "Local")  # the FedSelect paper's Table 1 baselines
+ABLATION_REFERENCE = ("FedSelect",)        # GradSelect, the label of fedselect_variant = gradselect
 TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost", "fedl2p")  # the last 3: from round rows
 ROUND_TABLES = ("traffic", "cost", "fedl2p")
 
@@ -177,7 +183,8 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     notes.append(_evaluated_note(trials))
     notes.append(_threads_note(trials))
     table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
-                      _settings_order(trials), mode, caption="Methods by data setting.")
+                      _settings_order(trials), mode, caption="Methods by data setting.",
+                      references=METHODS_REFERENCES)
     table.row_title = "Method"
     table.notes = [n for n in notes if n]
     return table
@@ -193,12 +200,11 @@ def limit_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     knobs = ["pers_rate", "local_epochs"]
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
-    table = summarize(chosen, "pers_limit", "setting", "limit", sorted(chosen["pers_limit"].unique()),
+    chosen = chosen.assign(α=chosen["pers_limit"].map(lambda a: f"{a:g}"))
+    table = summarize(chosen, "α", "setting", "limit", [f"{a:g}" for a in sorted(chosen["pers_limit"].unique())],
                       _settings_order(chosen), mode, caption=f"FedSelect by personalization limit α "
                                                        f"({_knob_text(knobs, values)}).")
     table.row_title = "α"
-    for frame in (table.mean, table.std, table.n):
-        frame.index = [f"{a:g}" for a in frame.index]
     return table
 
 
@@ -212,7 +218,8 @@ def ablation_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
     table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen),
-                      _settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).")
+                      _settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).",
+                      references=ABLATION_REFERENCE)
     table.row_title = "Variant"
     return table
 
@@ -293,8 +300,9 @@ def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "ma
 def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfinished: str = "mark",
                  markdown: bool = False) -> dict[str, Path]:
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
-    path's `tables/`), and with `markdown` also `<out>/<name>.md`; returns name -> .tex file. With
-    `echo`, prints each preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
+    path's `tables/`), and with `markdown` also `<out>/<name>.md`, and their cells' statistics as
+    `<out>/summary.parquet` (analysis.stats); returns name -> .tex file. With `echo`, prints each
+    preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
     from .fedl2p import fedl2p_wanted, personalizing, write_fedl2p_tables
     from .search import final_rows, selection_rows, write_search_table
 
@@ -308,8 +316,12 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     generic = trials[~personalizing(trials)] if fedl2p else trials  # their e would be pooled: fedl2p.tex
     skip = which in ROUND_TABLES or (written and final_rows(trials).empty) or (which == "auto" and generic.empty)
     tables = make_tables(generic, which, unfinished) if not skip else {}
+    finals = load_final_accuracies(paths, {h for t in tables.values() for h in t.runs["run"]})
+    summaries = []
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
+        table.finals = finals
+        summaries.append(table.verdict().summary(name))
         path = out / f"{name}.tex"
         path.write_text(to_latex(table))
         written[name] = path
@@ -319,13 +331,16 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
             print(to_markdown(table) if markdown else preview(table), end="\n\n")
     from .traffic import traffic_wanted, write_traffic_table
     if which == "traffic" or (which == "auto" and traffic_wanted(trials)):
-        written["traffic"] = write_traffic_table(paths, trials, out, markdown, echo)
+        written["traffic"] = write_traffic_table(paths, trials, out, markdown, echo, summaries)
     from .cost import cost_wanted, write_cost_table
     if which == "cost" or (which == "auto" and cost_wanted(trials)):
-        written["cost"] = write_cost_table(paths, trials, out, markdown, echo)
+        written["cost"] = write_cost_table(paths, trials, out, markdown, echo, summaries)
     if which == "fedl2p" or (which == "auto" and fedl2p):
-        written |= write_fedl2p_tables(paths, trials, out, markdown, echo)
+        written |= write_fedl2p_tables(paths, trials, out, markdown, echo, summaries)
+    summary = write_summary(summaries, out)
     if echo:
+        if summary is not None:
+            print(f"wrote {summary}")
         for path in written.values():
             print(f"wrote {path}")
     return written

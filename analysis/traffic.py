@@ -10,7 +10,8 @@ against accuracy:
 - figure `mask_hamming` (the DisPFL paper's Fig. 6): for the best DisPFL trial with masks, the
   clients' label similarity next to the normalised Hamming distance of their final masks.
 - table `traffic` (`tables/traffic.tex`): per method and data setting, the final accuracy and the
-  busiest node's total MB over the run, finished trials only.
+  busiest node's total MB over the run, finished trials only; accuracies marked where they differ
+  significantly from D-PSGD's (the DisPFL paper's decentralised baseline), bold by analysis.stats.
 `build_traffic_outputs` writes the figures (called by analysis.plots.build_plots) and
 `write_traffic_table` the table (called by analysis.tables.build_tables).
 """
@@ -29,10 +30,12 @@ import pandas as pd
 from analysis.load import load_clients, load_masks, load_rounds, unfinished
 from analysis.plots import _colors, _heatmap, _save, best_trials, cosine_matrix, method_curves
 from analysis.render import MISSING, summarize, unfinished_note, write_grouped_table
+from analysis.stats import load_final_accuracies
 from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
 
+REFERENCE = ("D-PSGD",)
 BUSIEST = "the server for methods with one (it carries every client's traffic), else the most loaded client"
 
 
@@ -198,11 +201,12 @@ def _mb_text(value: float) -> str | None:
     return None if pd.isna(value) else f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2g}"
 
 
-def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(cell texts, bold mask, caption) of the traffic table: rows = methods, per data setting the
-    final accuracy (%, mean ± std over seeds, best in bold) and the busiest node's total MB (the
-    last round's `busiest_node_mb`, mean over seeds). Finished trials only, each method at its
-    configuration with the best final accuracy in the setting."""
+def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str, pd.DataFrame]:
+    """(cell texts, bold mask, caption, summary rows) of the traffic table: rows = methods, per
+    data setting the final accuracy (%, mean ± std over seeds, marks against D-PSGD and bold by
+    `analysis.stats.compare`) and the busiest node's total MB (the last round's `busiest_node_mb`,
+    mean over seeds). Finished trials only, each method at its configuration with the best final
+    accuracy in the setting."""
     trials = counted(trials, "drop")
     late = unfinished(trials)
     finished = best_trials(trials[~late])
@@ -212,8 +216,9 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     final = load.loc[load.groupby("config_hash")["round"].idxmax()].set_index("config_hash")["busiest_node_mb"]
     finished = finished.assign(busiest_node_mb=finished["config_hash"].map(final))
     methods, settings = _methods_order(finished), _settings_order(finished)
-    acc = summarize(finished, "method", "setting", "traffic", methods, settings, mode="drop")
-    acc_cells, bold = acc.cells(pm="±", dagger=""), acc.best_mask()
+    acc = summarize(finished, "method", "setting", "traffic", methods, settings, mode="drop", references=REFERENCE)
+    acc.finals = load_final_accuracies(sweeps, finished["config_hash"])
+    acc_cells, bold, verdict = acc.cells(pm="±", dagger=""), acc.best_mask(), acc.verdict()
     mb = finished.groupby(["method", "setting"])["busiest_node_mb"].agg(lambda v: across_seeds(v.to_numpy())[0])
     columns = pd.MultiIndex.from_product([settings, ["Acc. (%)", "Busiest node (MB)"]])
     cells = pd.DataFrame(None, index=methods, columns=columns, dtype=object)
@@ -226,14 +231,18 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell" + ("" if acc.seeds_uniform() else " unless marked (n=k)")
     dropped = list(trials.loc[late].reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
     caption = (f"Accuracy and traffic of the busiest node. Final personalized accuracy (%), mean ± std over seeds "
-               f"({count}), best in bold; total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the "
+               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the "
                f"run, mean over seeds; busiest node: {BUSIEST}. Each method at its configuration with the best "
                f"final accuracy per data setting; finished trials only; {MISSING} = no result. "
                + unfinished_note(dropped, dropped=True)).strip()
-    return cells, marks, caption
+    return cells, marks, caption, verdict.summary("traffic")
 
 
-def write_traffic_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False) -> Path:
-    """Write `<out>/traffic.tex` (and with `markdown` `<out>/traffic.md`); returns the .tex file."""
-    cells, bold, caption = traffic_table(sweeps, trials)
+def write_traffic_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False,
+                        summaries: list | None = None) -> Path:
+    """Write `<out>/traffic.tex` (and with `markdown` `<out>/traffic.md`); returns the .tex file.
+    The table's summary rows (`analysis.stats.Verdict.summary`) are appended to `summaries`."""
+    cells, bold, caption, summary = traffic_table(sweeps, trials)
+    if summaries is not None:
+        summaries.append(summary)
     return write_grouped_table("traffic", cells, bold, caption, out, markdown, echo)

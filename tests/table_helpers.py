@@ -37,14 +37,17 @@ SWEEP_ACC = {("fedselect", 0): [0.9, 0.8, 0.7], ("fedselect", 1): [1.0, 0.9, 0.8
              ("fedavg", 0): [0.5, 0.4, 0.3], ("fedavg", 1): [0.6, 0.5, 0.4], ("local", 0): [0.7, 0.7, 0.7]}
 
 
-def write_sweep(folder, stopped=None, rounds=5, with_trials=True):
+def write_sweep(folder, stopped=None, rounds=5, with_trials=True, acc=None):
     """A small sweep of round rows (the schema of `write_v1_sweep`, `rounds` rounds configured);
     `stopped`: (algorithm, seed) -> the last round that trial wrote. With `with_trials`, also
-    trials.parquet as the launcher writes it: COMPLETED, or STOPPED for a trial that stopped early."""
+    trials.parquet as the launcher writes it: COMPLETED, or STOPPED for a trial that stopped early.
+    `acc`: the clients' final accuracies per (algorithm, seed) or (algorithm, seed, partition)
+    (default `SWEEP_ACC`; the partition: V1_KNOBS')."""
     stopped = stopped or {}
-    for n, ((algorithm, seed), final) in enumerate(SWEEP_ACC.items()):
+    for n, ((algorithm, seed, *partition), final) in enumerate((acc or SWEEP_ACC).items()):
         key = f"{n:012x}"
-        knobs = V1_KNOBS | {"algorithm": algorithm, "seed": seed, "rounds": rounds}
+        knobs = V1_KNOBS | {"algorithm": algorithm, "seed": seed, "rounds": rounds} | \
+            ({"partition": partition[0]} if partition else {})
         if algorithm != "fedselect":
             knobs |= {"pers_rate": 0.0, "pers_limit": 0.0}
         for rnd in range(1, stopped.get((algorithm, seed), rounds) + 1):
@@ -60,11 +63,12 @@ def write_sweep(folder, stopped=None, rounds=5, with_trials=True):
     return folder
 
 
-# What the methods table of the finished `write_sweep` prints; unchanged by the marking of
-# unfinished trials (the last sentence, the models evaluated, came later).
+# What the methods table of the finished `write_sweep` prints without its per-client rows (2 seeds:
+# no paired test, bold as printed); unchanged by the marking of unfinished trials (the last
+# sentence, the models evaluated, came later).
 FINISHED_LATEX = r"""\begin{table}
 \centering
-\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); best in bold; -- = no result. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
+\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. Bold: the best of its column and every cell that prints its value. No paired test was possible (fewer than 5 common seeds and no per-client accuracies). Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
 \label{tab:methods}
 \begin{tabular}{lc}
 \toprule

@@ -121,7 +121,7 @@ def study(tmp_path):
 
 
 def _table(folder):
-    cells, bold, caption = fedl2p_table(find_sweeps(folder), load_trials(folder))
+    cells, bold, caption, _ = fedl2p_table(find_sweeps(folder), load_trials(folder))
     return cells, bold, caption
 
 
@@ -162,11 +162,39 @@ def test_no_clients_level_without_unseen_clients(tmp_path):
 
 
 def test_best_of_each_row_is_bold_global_acc_never(study):
-    cells, bold, _ = _table(study)
-    expected = {(SETTING, "seen", 1): ["FedL2P"], (SETTING, "seen", 5): ["FT (BN C)"],
-                (SETTING, "unseen", 1): ["FedL2P"], (SETTING, "unseen", 5): ["FedL2P"]}
+    """2 seeds x at most 2 clients: no Wilcoxon test reaches p < 0.05 (at best 1/8), so every cell
+    with a test against the best of its row is bold; FT (BN I) on the unseen client (1 pair: no
+    test) only if it printed the best value."""
+    cells, bold, caption = _table(study)
+    expected = {(SETTING, "seen", 1): ["FT (BN C)", "FT (BN G)", "FT (BN I)", "L2P", "FedL2P"],
+                (SETTING, "seen", 5): ["FT (BN C)", "FedL2P"],
+                (SETTING, "unseen", 1): ["FT (BN C)", "FT (BN G)", "L2P", "FedL2P"],
+                (SETTING, "unseen", 5): ["FT (BN C)", "FedL2P"]}
     assert {row: bold.columns[bold.loc[row]].tolist() for row in bold.index} == expected
     assert not bold["Global Acc"].any()
+    assert "▲" not in "".join(cells.fillna("").to_numpy().ravel())
+    assert "significantly better/worse than FT (BN C), in the same row" in caption
+    assert "Wilcoxon signed-rank test over 2–4 (client, seed) pairs" in caption
+
+
+def test_marks_against_ft_bn_c_with_five_seeds(tmp_path):
+    """5 seeds: a paired t-test over seeds in each row; FedL2P 10 points above FT (BN C) on every
+    seed (±1 of noise) is marked better, L2P, equal to FT (BN C), is not; FT (BN C) is then
+    significantly worse than the best, so not bold."""
+    noise = [0.01, -0.01, 0.0, 0.005, -0.005]
+    study = {f"{name}{s}": (algorithm, method, knobs, s, 1, base + 0.02 * s + extra, base, "COMPLETED")
+             for s in range(5) for name, algorithm, method, knobs, base, extra in [
+                 ("ftc", "ft", "FT (BN C)", {"bn_mode": "C"}, 0.5, 0.0), ("l2p", "l2p", "L2P", {}, 0.5, 0.0),
+                 ("fl", "fedl2p", "FedL2P", {}, 0.6, noise[s])]}
+    pretrainings = {f"pre{s}": ("fedavg", "FedAvg", s) for s in range(5)}
+    folder = write_study(tmp_path / "five", study, unseen=False, pretrainings=pretrainings)
+    cells, bold, caption, summary = fedl2p_table(find_sweeps(folder), load_trials(folder))
+    row = cells.loc[(SETTING, 1)]
+    assert row["FedL2P"].endswith("▲") and not row["L2P"].endswith(("▲", "▼"))
+    assert bold.loc[(SETTING, 1)].tolist() == [False, False, False, True]
+    assert "paired t-test on the per-seed mean accuracies over 5 common seeds" in caption
+    marked = summary.set_index("column").loc["FedL2P"]
+    assert marked["marked"] == "better" and marked["test"] == "paired t-test" and marked["p_adjusted"] < 0.05
 
 
 def test_ablation_columns_only_when_present_and_ties_both_bold(study, tmp_path):
@@ -177,7 +205,7 @@ def test_ablation_columns_only_when_present_and_ties_both_bold(study, tmp_path):
     assert cells.columns[-2:].tolist() == ["FedL2P", "FedL2P (BNNet)"]
     assert cells.loc[(SETTING, "seen", 1), "FedL2P (BNNet)"] == "65.0 ± 4.2"
     assert cells.loc[(SETTING, "seen", 5), "FedL2P (BNNet)"] is None
-    assert bold.loc[(SETTING, "seen", 1)].tolist() == [False] * 5 + [True, True]  # 65.0 and 65.0
+    assert bold.loc[(SETTING, "seen", 1)].tolist() == [False] + [True] * 6  # 65.0, 65.0 and none significantly worse
 
 
 def test_missing_method_gives_no_column(tmp_path):
@@ -207,7 +235,7 @@ def test_tables_cli_writes_fedl2p_tables_and_keeps_them_out_of_methods(study, tm
     assert "Data setting & Clients & e & Global Acc & FT (BN C)" in latex
     assert r"\bfseries 65.0 $\pm$ 7.1" in latex
     markdown = (out / "fedl2p.md").read_text()
-    cells = "35.0 ± 7.1 | 55.0 ± 7.1 | 42.0 ± 2.8 | 45.0 (n=1) | 55.0 ± 4.2 | **65.0 ± 7.1**"
+    cells = "35.0 ± 7.1 | **55.0 ± 7.1** | **42.0 ± 2.8** | **45.0 (n=1)** | **55.0 ± 4.2** | **65.0 ± 7.1**"
     assert f"| {SETTING} | seen | 1 | {cells} |" in markdown
     methods = (out / "methods.tex").read_text()  # the pretrainings alone: FT's e would be pooled there
     assert "FedAvg" in methods and "FT" not in methods and "FedL2P" not in methods

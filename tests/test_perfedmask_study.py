@@ -38,7 +38,7 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
     assert rounds["trainable_params"].notna().any() and rounds["bwd_mflops"].gt(0).any()
     assert (folder / "tables" / "cost.tex").is_file()
 
-    cells, bold, caption = cost_table(folder, trials)
+    cells, bold, caption, summary = cost_table(folder, trials)
     assert list(cells.columns.get_level_values(0).unique()) == ["c = 1", "c = 0.5", "Cost"]
     assert list(cells.index) == ["FedAvg+FT", "FedBABU", "FedProx", "FedNova", "HeteroFL", "Split-Mix FL",
                                  "PerFedMask", "PerFedMask (ν = 0.25)"]
@@ -50,4 +50,8 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
     fwd, bwd = (cells[("Cost", h)].astype(float) for h in ("Fwd MFLOPs", "Bwd MFLOPs"))
     assert fwd["PerFedMask"] == fwd["FedBABU"] and bwd["PerFedMask"] < bwd["FedBABU"]
     assert cells.notna().all().all()
-    assert bold.to_numpy().sum() == 2 and "before and after fine-tuning" in caption
+    # bold: after fine-tuning only, the best of each c and those not significantly worse (analysis.stats)
+    after = [column for column in bold.columns if column[1] == "After FT"]
+    assert bold[after].any().all() and not bold.drop(columns=after).to_numpy().any()
+    assert "before and after fine-tuning" in caption and "significantly better/worse than FedAvg+FT" in caption
+    assert set(summary["reference"]) == {"FedAvg+FT"} and len(summary) == 2 * 2 * len(cells)  # c x before/after

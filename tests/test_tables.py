@@ -6,12 +6,15 @@ small baselines sweep (slow).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis import tables
 from analysis.load import load_rounds, load_trials, unfinished
+from analysis.stats import load_final_accuracies
 from fl_core.results import round_rows
 from fl_core.simulation import Simulation
 from sweeps import parquet_sink
@@ -244,10 +247,12 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
 
     assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
     latex = (tmp_path / "t" / "methods.tex").read_text()
-    finished_rows = body_rows(FINISHED_LATEX)
     rows = body_rows(latex)
-    assert rows["Local"] == ["60.0$^\\dagger$ (n=1)"]                 # its round-3 accuracy, marked
-    assert rows["FedSelect"] == finished_rows["FedSelect"] and rows["FedAvg"] == finished_rows["FedAvg"]
+    # the CLI pairs the clients' final accuracies (Wilcoxon over 3-6 (client, seed) pairs): among
+    # 4 comparisons with a reference nothing survives Benjamini-Hochberg, so nothing is marked and
+    # nothing is significantly worse than the best: every cell is bold
+    assert rows["Local"] == ["\\bfseries 60.0$^\\dagger$ (n=1)"]       # its round-3 accuracy, marked
+    assert rows["FedSelect"] == ["\\bfseries 85.0 $\\pm$ 7.1"] and rows["FedAvg"] == ["\\bfseries 45.0 $\\pm$ 7.1"]
     assert latex.count("$^\\dagger$") == 2                             # the cell and the caption
     assert ("$^\\dagger$ = includes runs that did not finish (stopped early, failed or still running), "
             "each at the last round it reached: round 3 of 5.}") in latex
@@ -256,7 +261,10 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
 
     assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "d"), "--unfinished", "drop"]) == 0
     dropped = (tmp_path / "d" / "methods.tex").read_text()
-    assert body_rows(dropped) == finished_rows | {"Local": ["--"]}      # the cell is left empty
+    # without Local, FedSelect against FedAvg is the one comparison (6 pairs, p = 1/32): marked,
+    # and FedAvg, significantly worse than the best, is not bold
+    assert body_rows(dropped) == {"FedSelect": ["\\bfseries 85.0 $\\pm$ 7.1$^{\\blacktriangle}$"],
+                                  "FedAvg": ["45.0 $\\pm$ 7.1"], "Local": ["--"]}  # the cell is left empty
     assert "dagger" not in dropped and "Left out: 1 run that did not finish (reached round 3 of 5).}" in dropped
 
 
@@ -304,15 +312,16 @@ def test_methods_table_from_a_real_sweep(results, tmp_path):
     assert sorted(rows) == ["FedAvg", "FedSelect", "Local"]   # one row per method
     assert "2 seeds per cell" in latex and (expected["count"] == 2).all()
 
+    summary = pd.read_parquet(tmp_path / "summary.parquet").groupby(["row", "column"])["bold"].first()
     for setting_index, setting in enumerate(settings):
         column = expected.xs(setting, level="setting")
         for method, cells in rows.items():
             mean, std = column.loc[method, "mean"], column.loc[method, "std"]
             text = f"{100 * mean:.1f} $\\pm$ {100 * std:.1f}"
-            cell = cells[setting_index]
+            cell = re.sub(r"\$\^\{\\\w+\}\$", "", cells[setting_index])   # without its significance marks
             assert cell.removeprefix("\\bfseries ") == text
-            is_best = round(100 * mean, 1) == round(100 * column["mean"].max(), 1)  # best as printed
-            assert cell.startswith("\\bfseries") == is_best, (method, setting, cell)
+            is_best = round(100 * mean, 1) == round(100 * column["mean"].max(), 1)  # best as printed: always bold
+            assert cell.startswith("\\bfseries") == summary[(method, setting)] and (summary[(method, setting)] or not is_best)
 
 
 @slow
@@ -350,6 +359,7 @@ def test_cli_table_choice_default_out_and_bad_path(results, tmp_path, capsys):
 def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
     folder = write_sweep(tmp_path / "done")
     table = tables.make_tables(load_trials(folder), "methods")["methods"]
+    table.finals = load_final_accuracies([folder], table.runs["run"])  # as build_tables does
     text = tables.to_markdown(table)
     lines = text.splitlines()
     assert lines[0].startswith("| Method |") and lines[1].startswith("|---|")

@@ -1,0 +1,209 @@
+"""analysis.stats: confidence intervals, paired tests (Wilcoxon over (client, seed) pairs with fewer
+than 5 seeds, a paired t-test over seeds with 5 or more), Benjamini-Hochberg within a table, the
+marks against a reference and the bold rule; then the same through the methods and cost tables and
+summary.parquet (hand-made sweep folders, no Ray)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+from analysis import stats, tables
+from analysis.cost import cost_table
+from fl_core.results import write_parquet
+
+from table_helpers import body_rows, write_sweep
+
+SEEDS, CLIENTS = 5, 6
+# per seed s and client k: 0.5 + 0.03 s + 0.02 k, and a small noise in [-0.008, 0.008]
+BASE = 0.5 + 0.03 * np.arange(SEEDS)[:, None] + 0.02 * np.arange(CLIENTS)[None, :]
+NOISE = 0.004 * ((np.arange(SEEDS)[:, None] * 7 + np.arange(CLIENTS)[None, :] * 3) % 5 - 2)
+ALTERNATING = 0.003 * (-1.0) ** (np.arange(SEEDS)[:, None] + np.arange(CLIENTS)[None, :])  # sums to 0 per seed
+
+
+def frames(cells: dict, seeds=range(3)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, finals) for stats.compare: cells (row, column) -> accuracies (seed x client)."""
+    runs, finals = [], []
+    for (row, column), values in cells.items():
+        for seed, clients in zip(seeds, values):
+            run = f"{row}/{column}/{seed}"
+            runs.append({"row": row, "column": column, "seed": seed, "value": float(np.mean(clients)), "run": run})
+            finals += [{"run": run, "client": k, "value": float(v)} for k, v in enumerate(clients)]
+    return pd.DataFrame(runs), pd.DataFrame(finals)
+
+
+# ----------------------------------------------------------------------------- the statistics
+
+def test_mean_ci_is_scipys_t_interval():
+    values = [0.61, 0.64, 0.70]
+    expected = scipy.stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy.stats.sem(values))
+    assert stats.mean_ci(values) == pytest.approx(expected)
+    assert stats.mean_ci(values) == pytest.approx(tuple(scipy.stats.ttest_1samp(values, 0).confidence_interval()))
+    assert all(np.isnan(stats.mean_ci([0.5])))                       # fewer than 2 seeds: NaN
+    assert stats.mean_ci([0.5, 0.5, np.nan]) == (0.5, 0.5)
+
+
+def test_wilcoxon_marks_a_real_difference_and_not_identical_values():
+    """3 seeds: Wilcoxon over the 18 (client, seed) pairs; B = A + 5 points (± noise), C = A."""
+    runs, finals = frames({("A", "x"): BASE[:3], ("B", "x"): BASE[:3] + 0.05 + NOISE[:3], ("C", "x"): BASE[:3].copy(),
+                           ("D", "x"): BASE[:3] - 0.05 + NOISE[:3]})
+    verdict = stats.compare(runs, finals, references=("A",))
+    assert verdict.lookup("marks") == {("A", "x"): "", ("B", "x"): "▲", ("C", "x"): "", ("D", "x"): "▼"}
+    tests = verdict.comparisons[verdict.comparisons["kind"] == "reference"].set_index("row")
+    assert tests.loc["C", "p_value"] == 1.0 and tests.loc["C", "test"] == stats.WILCOXON  # identical: p = 1
+    assert (tests["pairs"] == 18).all() and tests.loc["B", "p_adjusted"] < 0.05
+    caption = verdict.caption()
+    assert "Wilcoxon signed-rank test over 18 (client, seed) pairs" in caption and "t-test" not in caption
+    assert "▲/▼: significantly better/worse than A, in the same column" in caption
+
+
+def test_t_test_over_five_seeds_on_the_seed_means():
+    runs, finals = frames({("A", "x"): BASE, ("B", "x"): BASE + 0.05 + NOISE, ("C", "x"): BASE.copy()}, range(SEEDS))
+    for given in (None, finals):                                     # 5 seeds: the t-test either way
+        verdict = stats.compare(runs, given, references=("A",))
+        assert verdict.lookup("marks") == {("A", "x"): "", ("B", "x"): "▲", ("C", "x"): ""}
+        b = verdict.comparisons.set_index(["kind", "row"]).loc[("reference", "B")]
+        expected = scipy.stats.ttest_rel((BASE + 0.05 + NOISE).mean(axis=1), BASE.mean(axis=1)).pvalue
+        assert b["test"] == stats.T_TEST and b["p_value"] == pytest.approx(expected) and b["pairs"] == SEEDS
+        caption = verdict.caption()
+        assert "paired t-test on the per-seed mean accuracies over 5 common seeds" in caption
+        assert "Wilcoxon" not in caption
+
+
+def test_no_per_client_rows_and_few_seeds_means_no_test():
+    runs, _ = frames({("A", "x"): BASE[:3], ("B", "x"): BASE[:3] + 0.05 + NOISE[:3]})
+    verdict = stats.compare(runs, None, references=("A",))
+    assert verdict.lookup("marks") == {("A", "x"): "", ("B", "x"): ""}
+    assert verdict.lookup("bold") == {("A", "x"): False, ("B", "x"): True}      # as printed
+    assert verdict.comparisons["p_value"].isna().all()
+    assert "No paired test was possible" in verdict.caption()
+
+
+def test_bold_never_on_a_significantly_worse_cell_and_kept_on_a_tie():
+    best = BASE[:3] + 0.1
+    runs, finals = frames({("best", "x"): best, ("tie", "x"): best + ALTERNATING[:3],
+                           ("worse", "x"): best - 0.01 + NOISE[:3] / 4})      # 1 point below on every pair
+    apart = frames({("apart, lower", "x"): best - 0.03, ("apart, same", "x"): best}, seeds=range(10, 13))
+    runs, finals = pd.concat([runs, apart[0]]), pd.concat([finals, apart[1]])   # no seed shared with the best
+    verdict = stats.compare(runs, finals)
+    assert verdict.lookup("bold") == {("best", "x"): True, ("tie", "x"): True, ("worse", "x"): False,
+                                      ("apart, lower", "x"): False, ("apart, same", "x"): True}
+    worse = verdict.comparisons[verdict.comparisons["direction"] < 0]
+    assert list(worse["row"]) == ["worse"] and not any(verdict.lookup("bold")[(r, c)] for r, c in
+                                                         zip(worse["row"], worse["column"]))
+    assert "Bold: the best of its column and every cell not significantly worse than it" in verdict.caption()
+
+    # best="table": a column's own best that is significantly worse than the table's best is not bold
+    low = frames({("best", "y"): BASE[:3] + NOISE[:3]})
+    both = stats.compare(pd.concat([runs, low[0]]), pd.concat([finals, low[1]]), best="table")
+    assert not both.lookup("bold")[("best", "y")] and both.lookup("bold")[("best", "x")]
+    assert stats.compare(pd.concat([runs, low[0]]), pd.concat([finals, low[1]])).lookup("bold")[("best", "y")]
+
+
+def test_an_unknown_or_missing_reference_gives_no_marks_and_says_so():
+    runs, finals = frames({("A", "x"): BASE[:3], ("B", "x"): BASE[:3] + 0.05 + NOISE[:3],
+                           ("B", "y"): BASE[:3] + 0.05, ("C", "y"): BASE[:3]})
+    unknown = stats.compare(runs, finals, references=("Nope",))
+    assert set(unknown.lookup("marks").values()) == {""}
+    assert "▲/▼: significantly better/worse than Nope, in the same column (Nope is not in this table: no marks " \
+           "against it)." in unknown.caption()
+    missing = stats.compare(runs, finals, references=("A",))            # A has no cell in column y
+    assert missing.lookup("marks") == {("A", "x"): "", ("B", "x"): "▲", ("B", "y"): "", ("C", "y"): ""}
+    assert "A is missing from 1 column(s): no marks there" in missing.caption()
+    assert missing.summary("t").set_index(["row", "column"]).loc[("B", "y"), "marked"] == ""
+
+
+def test_two_references_get_their_own_marks():
+    runs, finals = frames({("A", "x"): BASE[:3], ("L", "x"): BASE[:3] + 0.1, ("B", "x"): BASE[:3] + 0.05 + NOISE[:3]})
+    verdict = stats.compare(runs, finals, references=("A", "L"))
+    assert verdict.lookup("marks") == {("A", "x"): "▽", ("L", "x"): "▲", ("B", "x"): "▲▽"}
+    assert "▲/▼: significantly better/worse than A, △/▽: than L, in the same column" in verdict.caption()
+    with pytest.raises(ValueError):
+        stats.compare(runs, finals, references=("A", "L", "B"))
+
+
+# ----------------------------------------------------------------------------- through the tables
+
+def methods_sweep(folder, seeds: int):
+    """FedAvg, FedSelect = FedAvg + 5 points (± noise) and Local = FedAvg exactly, 6 clients."""
+    acc = {}
+    for s in range(seeds):
+        acc |= {("fedavg", s): list(BASE[s]), ("fedselect", s): list(BASE[s] + 0.05 + NOISE[s]),
+                ("local", s): list(BASE[s])}
+    return write_sweep(folder, rounds=2, acc=acc)
+
+
+@pytest.mark.parametrize("seeds, test", [(3, "Wilcoxon signed-rank test over 18"), (5, "paired t-test on the per-seed")])
+def test_methods_table_marks_fedselect_against_fedavg_and_local(tmp_path, seeds, test):
+    folder = methods_sweep(tmp_path / "sweep", seeds)
+    out = tmp_path / "tables"
+    assert set(tables.build_tables([folder], out=out, markdown=True)) == {"methods"}
+    latex = (out / "methods.tex").read_text()
+    rows = body_rows(latex)
+    assert rows["FedSelect"][0].startswith("\\bfseries ") and \
+        rows["FedSelect"][0].endswith("$^{\\blacktriangle}$$^{\\vartriangle}$")
+    assert "\\bfseries" not in rows["FedAvg"][0] + rows["Local"][0]               # significantly worse
+    assert "triangle" not in rows["FedAvg"][0] + rows["Local"][0]                 # identical: p = 1
+    assert test in latex and "$^{\\blacktriangle}$/$^{\\blacktriangledown}$: significantly better/worse than " \
+                              "FedAvg, $^{\\vartriangle}$/$^{\\triangledown}$: than Local" in latex
+    assert "Benjamini–Hochberg" in latex
+    assert "▲△** |" in (out / "methods.md").read_text()
+
+    summary = pd.read_parquet(out / stats.SUMMARY)
+    assert list(summary.columns) == list(stats.SUMMARY_COLUMNS) and len(summary) == 3 * 2  # cells x references
+    found = summary.set_index(["row", "reference"])
+    assert found.loc[("FedSelect", "FedAvg"), "marked"] == "better" and found.loc[("FedSelect", "FedAvg"), "p_adjusted"] < 0.05
+    assert found.loc[("Local", "FedAvg"), "p_value"] == 1.0 and found.loc[("Local", "FedAvg"), "marked"] == ""
+    assert np.isnan(found.loc[("FedAvg", "FedAvg"), "p_value"])                   # a reference is not tested against itself
+    assert summary.groupby("row")["bold"].first().to_dict() == {"FedAvg": False, "FedSelect": True, "Local": False}
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]               # written atomically: no temp left
+
+
+def test_summary_ci_is_scipys_t_interval_for_the_seed_values(tmp_path):
+    values = [0.61, 0.64, 0.70]                                                   # FedAvg's seeds, every client alike
+    acc = {("fedavg", s): [v] * 3 for s, v in enumerate(values)} | {("local", s): [0.5] * 3 for s in range(3)}
+    tables.build_tables([write_sweep(tmp_path / "sweep", rounds=2, acc=acc)], out=tmp_path / "t")
+    summary = pd.read_parquet(tmp_path / "t" / stats.SUMMARY)
+    row = summary[(summary["row"] == "FedAvg") & (summary["reference"] == "Local")].iloc[0]
+    low, high = scipy.stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=scipy.stats.sem(values))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((low, high)) and row["n"] == 3
+    assert row["mean"] == pytest.approx(np.mean(values)) and row["std"] == pytest.approx(np.std(values, ddof=1))
+
+
+def write_cost_sweep(folder):
+    """FedAvg+FT and PerFedMask, 3 seeds x 6 devices, c = 1: before fine-tuning alike, after
+    fine-tuning PerFedMask 10 points (± noise) above."""
+    knobs = {"dataset": "synthetic", "partition": "shards", "shards_per_client": 3, "dir_alpha": 0.5,
+             "num_clients": CLIENTS, "local_epochs": 1, "rounds": 2, "participation": 1.0, "lr": 0.1,
+             "setting": "synthetic, 3 shards"}
+    trials = []
+    for algorithm, method, gain in (("fedavg_ft", "FedAvg+FT", 0.0), ("perfedmask", "PerFedMask", 0.1)):
+        for s in range(3):
+            key = f"{algorithm}{s}"
+            config = knobs | {"algorithm": algorithm, "method": method, "seed": s, "config_hash": key}
+            after = BASE[s] + gain + (NOISE[s] if gain else 0)
+            rows = [config | {"round": rnd, "client": k, "acc": after[k], "acc_global": BASE[s, k], "pool": "seen",
+                              "trainable_params": 1000.0, "fwd_mflops": 1.0, "bwd_mflops": 2.0}
+                    for rnd in (1, 2) for k in range(CLIENTS)]
+            write_parquet(pd.DataFrame(rows), folder / "rounds" / f"{key}.parquet")
+            trials.append(config | {"status": "COMPLETED", "rounds_done": 2, "acc_mean": after.mean(),
+                                    "acc_global_mean": BASE[s].mean(), "trainable_params_mean": 1000.0})
+    write_parquet(pd.DataFrame(trials), folder / "trials.parquet")
+    return folder
+
+
+def test_cost_table_marks_against_fedavg_ft_and_bolds_after_fine_tuning_only(tmp_path):
+    folder = write_cost_sweep(tmp_path / "cost")
+    cells, bold, caption, summary = cost_table(folder, pd.read_parquet(folder / "trials.parquet"))
+    assert cells.loc["PerFedMask", ("c = 1", "After FT")].endswith("▲")
+    assert not cells.loc["PerFedMask", ("c = 1", "Before FT")].endswith(("▲", "▼"))  # identical before FT
+    assert bold[("c = 1", "After FT")].to_dict() == {"FedAvg+FT": False, "PerFedMask": True}
+    assert not bold[("c = 1", "Before FT")].any()
+    assert "significantly better/worse than FedAvg+FT" in caption and "Bold, after fine-tuning:" in caption
+    marked = summary.set_index(["row", "column"])["marked"]
+    assert marked[("PerFedMask", "synthetic, 3 shards / c = 1 / After FT")] == "better"
+    assert marked[("PerFedMask", "synthetic, 3 shards / c = 1 / Before FT")] == ""
+    written = tables.build_tables([folder], which="cost", out=tmp_path / "t")
+    assert "$^{\\blacktriangle}$" in written["cost"].read_text()
+    assert set(pd.read_parquet(tmp_path / "t" / stats.SUMMARY)["table"]) == {"cost"}
