@@ -25,7 +25,7 @@ from fl_core.data import load_data
 from . import resources
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
-from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers
+from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
 from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
 from .spec import to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
@@ -127,7 +127,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
         return exit_code(guard.signum)
     try:
         pause_for_tests("tables")
-        _tables_and_figures(folder)
+        _tables_and_figures(folder, plan)
     except Interrupted as stop:
         with guard.hold(then_raise=False):
             print(f"\n[sweep] {signal_name(stop.signum)} while writing the tables and figures; trials.parquet and "
@@ -232,7 +232,7 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     if not pretrained.empty:  # the first stage of a two-stage study: its own short table
         by = "acc_val_mean" if "acc_val_mean" in pretrained and pretrained["acc_val_mean"].notna().all() else "acc_mean"
         print("[sweep] pretraining (the models the other trials start from), per data setting; final mean test "
-              "accuracy over clients, mean ± std over seeds:")
+              "accuracy over clients, mean ± std over seeds and the 95% CI of the mean (t interval over seeds):")
         print(best_per_setting(pretrained, [], by).to_string(index=False, na_rep="-"))
     if not done.empty:
         knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
@@ -246,7 +246,7 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
             how = ("best configuration by final test accuracy (no validation split: optimistic against methods "
                    "with fewer configurations)")
         print(f"[sweep] per data setting, each method's {how}; final mean personalized test accuracy over clients, "
-              f"mean ± std over seeds; completed trials only:")
+              f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds); completed trials only:")
         print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
@@ -271,25 +271,30 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str = "acc_mean")
     the swept knobs by `by` (validation accuracy where there is a split) averaged over its seeds,
     with its final test accuracy (mean ± std over seeds), best first: a configuration is ranked
     only against others on the same data, never by one lucky seed, and the anchors stand beside
-    the tuned method."""
+    the tuned method. `95% CI`: the t interval of the mean over seeds (analysis.stats.mean_ci)."""
+    from analysis.stats import mean_ci  # the one definition of the interval, beside the tables'
+
     cell = ["setting"] + (["local_epochs"] if "local_epochs" in done and done["local_epochs"].nunique() > 1 else [])
     keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
     grouped = done.groupby(keys, dropna=False, sort=False)
     stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
     stats["mb"] = grouped["mb_total"].mean().to_numpy()
     stats["rank_by"] = grouped[by].mean().to_numpy()
+    stats["ci"] = [mean_ci(values) for _, values in grouped["acc_mean"]]  # the groups in the order of agg
     stats = stats.sort_values("rank_by", ascending=False, kind="stable").groupby([*cell, "method"], sort=False).head(1)
     stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
     stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]
+    stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-" for (low, high), n in zip(stats["ci"], stats["count"])]
     stats["seeds"] = stats["count"].astype(int)
     stats["mb_total"] = stats["mb"].round(2)
-    shown = stats[[*keys, "acc", "seeds", "mb_total"]]
+    shown = stats[[*keys, "acc", "95% CI", "seeds", "mb_total"]]
     return shown.astype(object).where(shown.notna(), "-")
 
 
-def _tables_and_figures(folder: Path) -> None:
-    """The study's LaTeX tables and figures from its Parquet results (analysis/)."""
+def _tables_and_figures(folder: Path, plan: SweepPlan | None = None) -> None:
+    """The study's LaTeX tables and figures from its Parquet results (analysis/); with the `plan`,
+    the tables folder (with summary.parquet) also goes to the sweep's MLflow run."""
     try:
         from analysis.plots import build_plots
         from analysis.tables import build_tables
@@ -302,3 +307,5 @@ def _tables_and_figures(folder: Path) -> None:
         return
     for path in [*tables.values(), *figures]:
         print(f"[sweep] wrote {path}")
+    if plan is not None and tables and log_sweep_tables(tracking_uri(plan), plan.study, folder.name, folder / "tables"):
+        print("[sweep] tables and summary.parquet logged to the sweep's MLflow run (artifacts tables/)")

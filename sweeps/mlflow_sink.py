@@ -15,6 +15,8 @@ as columns, best accuracy first, every trial in the charts). A trial's run:
   metrics  per round, the keys of `fl_core.results.summarize_round` (step = round); values that
            were not measured (NaN, e.g. accuracies of rounds skipped by `eval_every`) are skipped
   artifacts at the end: final_client_accuracy.csv, label_histograms.json, fedselect_masks.npz
+The sweep's run gets, once the launcher has written them, the study's tables (`log_sweep_tables`:
+the .tex/.md files and summary.parquet of analysis.tables under artifacts `tables/`).
 Everything is logged by a Tune callback in the driver process, so an embedded sqlite store never
 sees two writers, and trials on remote nodes need no access to the tracking server.
 
@@ -123,9 +125,9 @@ class MLflowSink(tune.Callback):
             self.experiment_id = experiment.experiment_id
             for key, value in EXPERIMENT_TAGS.items():
                 self.client.set_experiment_tag(self.experiment_id, key, value)
-        found = self.client.search_runs([self.experiment_id], f"tags.sweep = '{self.sweep}' and tags.role = 'sweep'")
+        found = find_sweep_run(self.client, self.experiment_id, self.sweep)
         if found:
-            self.parent_id = found[0].info.run_id
+            self.parent_id = found
             self.client.update_run(self.parent_id, status="RUNNING")
         else:
             run = self.client.create_run(self.experiment_id, run_name=self.sweep,
@@ -238,6 +240,33 @@ class MLflowSink(tune.Callback):
             if masks:
                 np.savez_compressed(out / "fedselect_masks.npz", **masks)
             self.client.log_artifacts(run_id, folder)
+
+
+def find_sweep_run(client, experiment_id: str, sweep: str) -> str | None:
+    """The run id of the sweep's own run (tag role=sweep), or None."""
+    found = client.search_runs([experiment_id], f"tags.sweep = '{sweep}' and tags.role = 'sweep'")
+    return found[0].info.run_id if found else None
+
+
+def log_sweep_tables(tracking_uri: str, study: str, sweep: str, tables: Path) -> bool:
+    """Log the folder `tables` (analysis.tables' .tex/.md files and summary.parquet) as artifacts
+    `tables/` of the sweep's run; True when logged. Fault tolerant like the sink: a failing store
+    warns once and the files stay on disk."""
+    if not Path(tables).is_dir():
+        return False
+    try:
+        from mlflow import MlflowClient
+        client = MlflowClient(tracking_uri=tracking_uri)
+        experiment = client.get_experiment_by_name(study)
+        run_id = find_sweep_run(client, experiment.experiment_id, sweep) if experiment is not None else None
+        if run_id is None:
+            return False
+        client.log_artifacts(run_id, str(tables), artifact_path="tables")
+        return True
+    except Exception as err:  # noqa: BLE001 - the tables are on disk; MLflow is a copy
+        print(f"WARNING: could not log the tables to MLflow at {tracking_uri} ({type(err).__name__}: "
+              f"{str(err)[:200]}); they are in {tables}", file=sys.stderr, flush=True)
+        return False
 
 
 # MLflow 3 opens an experiment of this kind on its runs table (not the GenAI overview).

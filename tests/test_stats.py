@@ -207,3 +207,36 @@ def test_cost_table_marks_against_fedavg_ft_and_bolds_after_fine_tuning_only(tmp
     written = tables.build_tables([folder], which="cost", out=tmp_path / "t")
     assert "$^{\\blacktriangle}$" in written["cost"].read_text()
     assert set(pd.read_parquet(tmp_path / "t" / stats.SUMMARY)["table"]) == {"cost"}
+
+
+# ----------------------------------------------------------------------------- the end of a sweep
+
+def test_end_of_sweep_summary_has_the_95_ci_over_seeds():
+    from sweeps.launch import best_per_setting
+
+    values = [0.61, 0.64, 0.70]
+    done = pd.DataFrame({"setting": ["easy"] * 4, "method": ["FedAvg"] * 3 + ["Local"], "seed": [0, 1, 2, 0],
+                         "acc_mean": [*values, 0.5], "mb_total": 1.0})
+    best = best_per_setting(done, []).set_index("method")
+    low, high = scipy.stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy.stats.sem(values))
+    assert best.loc["FedAvg", "95% CI"] == f"[{low:.4f}, {high:.4f}]"
+    assert best.loc["Local", "95% CI"] == "-"                                     # one seed: no interval
+
+
+def test_the_tables_go_to_the_sweeps_mlflow_run(tmp_path):
+    from mlflow import MlflowClient
+
+    from sweeps.mlflow_sink import default_tracking_uri, log_sweep_tables
+
+    uri = default_tracking_uri(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("study", artifact_location=(tmp_path / "mlartifacts").as_uri())
+    run = client.create_run(experiment, tags={"sweep": "s1", "role": "sweep"}).info.run_id
+    folder = tmp_path / "s1" / "tables"
+    folder.mkdir(parents=True)
+    (folder / "methods.tex").write_text("table")
+    write_parquet(pd.DataFrame({"table": ["methods"]}), folder / stats.SUMMARY)
+    assert log_sweep_tables(uri, "study", "s1", folder)
+    assert sorted(a.path for a in client.list_artifacts(run, "tables")) == ["tables/methods.tex", "tables/summary.parquet"]
+    assert not log_sweep_tables(uri, "study", "another sweep", folder)            # no such run: nothing logged
+    assert not log_sweep_tables(uri, "study", "s1", tmp_path / "nowhere")

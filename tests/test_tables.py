@@ -338,10 +338,10 @@ def test_cli_table_choice_default_out_and_bad_path(results, tmp_path, capsys):
     assert tables.main([str(results), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "FedSelect" in out and "±" in out and str(tmp_path / "t" / "methods.tex") in out
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["methods.tex"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["methods.tex", "summary.parquet"]
 
     assert tables.main([str(results), "--table", "limit", "--out", str(tmp_path / "l")]) == 0
-    assert sorted(p.name for p in (tmp_path / "l").iterdir()) == ["limit.tex"]
+    assert sorted(p.name for p in (tmp_path / "l").iterdir()) == ["limit.tex", "summary.parquet"]
     assert tables.main([str(results), "--table", "grid", "--out", str(tmp_path / "g")]) == 0
     assert len(list((tmp_path / "g").glob("grid_*.tex"))) == 2          # one per data setting
 
