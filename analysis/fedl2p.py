@@ -174,7 +174,8 @@ def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
         for method, part in group.groupby("method"):
             stats[(row, method)] = across_seeds(part["acc"].to_numpy())
             runs.append(pd.DataFrame({"row": [row] * len(part), "column": method, "seed": part["seed"].to_numpy(),
-                                      "value": part["acc"].to_numpy(), "run": (part["config_hash"] + "|" + part["pool"]).to_numpy()}))
+                                      "value": part["acc"].to_numpy(),
+                                      "run": (part["config_hash"] + "|" + part["pool"]).to_numpy()}))
     finals = pd.concat([final_accuracies(rounds, "acc", pool).assign(run=lambda f, p=pool: f["run"] + f"|{p}")
                         for pool in POOLS])
     verdict = compare(pd.concat(runs, ignore_index=True), finals, REFERENCE, within="row")

@@ -118,9 +118,10 @@ class Table:
 def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
               mode: str = "mark", **extra) -> Table:
     """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
-    absent cells get n = 0; the runs of each cell (`Table.runs`) for the paired tests. Unfinished trials (`analysis.load.unfinished`) are marked in their
-    cells (`mode` "mark") or left out of them ("drop"); the rows and columns stay those of all
-    the trials, and the table's footnote says what was marked or left out."""
+    absent cells get n = 0; each cell's runs (`Table.runs`) for the paired tests. Unfinished
+    trials (`analysis.load.unfinished`) are marked in their cells (`mode` "mark") or left out of
+    them ("drop"); the rows and columns stay those of all the trials, and the table's footnote
+    says what was marked or left out."""
     if mode not in UNFINISHED:
         raise ValueError(f"unknown mode {mode!r} for unfinished trials; choose from {', '.join(UNFINISHED)}")
     row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())

@@ -21,9 +21,9 @@ Marks and bold come from paired tests (analysis.stats; references: methods FedAv
 △/▽, ablation FedSelect, traffic D-PSGD, cost FedAvg+FT, fedl2p FT (BN C)): bold is the best of
 each column (in the grid: of the table) and every cell not significantly worse than it; the
 caption names the tests. `<out>/summary.parquet`: per cell, the 95 % CI, p-values, mark and bold.
-A missing cell is "--". The std is over seeds (ddof=1; one seed shows just the mean). When every cell has the same
-number of seeds the caption says how many; otherwise cells that differ from the usual count are
-marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
+A missing cell is "--". The std is over seeds (ddof=1; one seed shows just the mean). When every
+cell has the same number of seeds the caption says how many; otherwise cells that differ from the
+usual count are marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
 `fl_core.results.across_seeds`; row and column names are the `method` and `setting` columns that
 every result row carries (filled by `analysis.load.labelled` for sweeps of engine v1).
 
