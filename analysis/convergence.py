@@ -14,7 +14,8 @@ seed there is no std and the verdict is "n/a". The std is the sample std (ddof =
 table (`fl_core.results.across_seeds`).
 
 Writes `<out>/convergence.tex` (and `.md` with --markdown; default out: RESULTS[0]/tables) and
-prints the table. The curves themselves are figures/accuracy_vs_round.png (analysis.plots).
+prints the table; `python -m analysis.tables` writes it too (`--table convergence`, and with `auto`
+whenever a configuration ran on two or more seeds). The curves themselves are figures/accuracy_vs_round.png (analysis.plots).
 """
 from __future__ import annotations
 
@@ -57,14 +58,16 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
         evaluated = sorted(group["round"].unique())
         last, early = max(evaluated), tail_round(evaluated, tail)
         at = group.pivot_table(index="config_hash", columns="round", values="acc_mean")
-        both = at[[early, last]].dropna() if early in at and last in at else at.iloc[:0, :0]
+        # one evaluated round only (early == last): no tail to compare, no verdict
+        both = at[[early, last]].dropna() if early != last else at.iloc[:0, :0]
         end_mean, end_std, n = across_seeds(both[last].to_numpy()) if len(both) else (np.nan, np.nan, 0)
         start_mean = float(both[early].mean()) if len(both) else np.nan
         delta = end_mean - start_mean
         verdict = pd.NA if n < 2 else bool(abs(delta) < end_std)
         planned = trials.loc[trials["config_key"] == key, "rounds"].max() if "rounds" in trials else last
         out.append({"setting": setting, "method": method, "config": key, "round_tail": int(early),
-                    "round_last": int(last), "rounds": int(planned) if pd.notna(planned) else int(last), "acc_tail": start_mean, "acc_last": end_mean, "delta": delta,
+                    "round_last": int(last), "rounds": int(planned) if pd.notna(planned) else int(last),
+                    "acc_tail": start_mean, "acc_last": end_mean, "delta": delta,
                     "std": end_std if n > 1 else np.nan, "seeds": n, "converged": verdict})
     return pd.DataFrame(out)
 
@@ -94,11 +97,21 @@ def caption(table: pd.DataFrame, tail: float = TAIL) -> str:
             + (f"; {len(table) - len(known)} with one seed: n/a." if len(known) < len(table) else "."))
 
 
-def write_convergence(paths, out=None, markdown: bool = False, echo: bool = False, tail: float = TAIL) -> Path:
-    """Write `<out>/convergence.tex` (and `.md`); returns the .tex path."""
+def convergence_wanted(trials: pd.DataFrame) -> bool:
+    """Some configuration ran on two or more seeds (one seed has no std: nothing to check against)."""
+    done = trials[trials["acc_mean"].notna()] if "acc_mean" in trials else trials.iloc[:0]
+    return not done.empty and bool((done.assign(key=config_keys(done)).groupby("key")["seed"].nunique() > 1).any())
+
+
+def write_convergence(paths, out=None, markdown: bool = False, echo: bool = False,
+                      tail: float = TAIL) -> Path | None:
+    """Write `<out>/convergence.tex` (and `.md`); returns the .tex path, or None (nothing written)
+    when the results hold no round rows (a trials.parquet alone has no curves)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     trials = load_trials(paths)
     rounds = load_rounds(paths, trials=trials.loc[trials["acc_mean"].notna(), "config_hash"])
+    if rounds.empty or "config_hash" not in rounds:
+        return None
     table = convergence(rounds, trials, tail)
     cells = convergence_cells(table).set_index(["Setting", "Method"])
     text = caption(table, tail)
@@ -115,7 +128,6 @@ def write_convergence(paths, out=None, markdown: bool = False, echo: bool = Fals
         path.with_suffix(".md").write_text(md)
     if echo:
         print(md if markdown else f"[convergence] {text}\n{shown.to_string(index=False)}", end="\n\n")
-        print(f"wrote {path}")
     return path
 
 
@@ -127,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tail", type=float, default=TAIL, help=f"share of the last rounds checked (default: {TAIL})")
     args = parser.parse_args(argv)
     try:
-        write_convergence(args.results, args.out, args.markdown, echo=True, tail=args.tail)
+        path = write_convergence(args.results, args.out, args.markdown, echo=True, tail=args.tail)
+        print(f"wrote {path}" if path else "no round rows in the results: no curves to check")
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

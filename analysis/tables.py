@@ -1,6 +1,7 @@
 """The paper's tables as LaTeX (pandas Styler, booktabs), read from sweep results (Parquet only).
 
-    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic,cost,fedl2p}] [--out DIR]
+    python -m analysis.tables RESULTS... [--table {auto,methods,limit,ablation,grid,traffic,cost,fedl2p,convergence}]
+                                         [--out DIR]
                                          [--unfinished {mark,drop}]
 
 Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" over seeds):
@@ -17,6 +18,8 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
             clients, fine-tuning epochs e): Global Acc and each method's accuracy, the paper's
             Tables 2-5; and fedl2p_policy, FedL2P's learned policy (analysis.fedl2p). These trials
             enter no other table, which would pool e (their pretrainings still do)
+  convergence  (with 2+ seeds) per (data setting, method, configuration): has the mean accuracy over
+            seeds moved by less than one seed std over the last 20 % of the rounds (analysis.convergence)
 Marks and bold come from paired tests (analysis.stats; references: methods FedAvg ▲/▼ and Local
 △/▽, ablation FedSelect, traffic D-PSGD, cost FedAvg+FT, fedl2p FT (BN C)): bold is the best of
 each column (in the grid: of the table) and every cell not significantly worse than it; the
@@ -59,8 +62,8 @@ from .stats import load_final_accuracies, write_summary
 
 METHODS_REFERENCES = ("FedAvg", "Local")  # the FedSelect paper's Table 1 baselines
 ABLATION_REFERENCE = ("FedSelect",)        # GradSelect, the label of fedselect_variant = gradselect
-TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost", "fedl2p")  # the last 3: from round rows
-ROUND_TABLES = ("traffic", "cost", "fedl2p")
+TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost", "fedl2p", "convergence")  # the last 4: round rows
+ROUND_TABLES = ("traffic", "cost", "fedl2p", "convergence")
 
 
 class TableError(ValueError):
@@ -337,6 +340,11 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
         written["cost"] = write_cost_table(paths, trials, out, markdown, echo, summaries)
     if which == "fedl2p" or (which == "auto" and fedl2p):
         written |= write_fedl2p_tables(paths, trials, out, markdown, echo, summaries)
+    from .convergence import convergence_wanted, write_convergence
+    if which == "convergence" or (which == "auto" and convergence_wanted(trials)):
+        path = write_convergence(paths, out, markdown, echo)
+        if path is not None:
+            written["convergence"] = path
     summary = write_summary(summaries, out)
     if echo:
         if summary is not None:

@@ -69,3 +69,10 @@ def test_a_bad_tail_is_refused():
     rounds, trials = study({"a": [{1: 0.5, 2: 0.6}]})
     with pytest.raises(ValueError, match="tail=1.5 must lie strictly between 0 and 1"):
         convergence(rounds, trials, tail=1.5)
+
+
+def test_a_single_evaluated_round_has_no_tail_and_no_verdict():
+    rounds, trials = study({"once": [{10: 0.5}, {10: 0.6}]})  # eval_every = rounds: only the last round
+    table = convergence(rounds, trials)
+    assert table.loc[0, "round_tail"] == table.loc[0, "round_last"] == 10
+    assert pd.isna(table.loc[0, "converged"]) and table.loc[0, "seeds"] == 0

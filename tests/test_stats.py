@@ -138,7 +138,7 @@ def methods_sweep(folder, seeds: int):
 def test_methods_table_marks_fedselect_against_fedavg_and_local(tmp_path, seeds, test):
     folder = methods_sweep(tmp_path / "sweep", seeds)
     out = tmp_path / "tables"
-    assert set(tables.build_tables([folder], out=out, markdown=True)) == {"methods"}
+    assert set(tables.build_tables([folder], out=out, markdown=True)) == {"methods", "convergence"}
     latex = (out / "methods.tex").read_text()
     rows = body_rows(latex)
     assert rows["FedSelect"][0].startswith("\\bfseries ") and \

@@ -296,7 +296,9 @@ def results(ray_cluster, tmp_path_factory):
 @slow
 def test_methods_table_from_a_real_sweep(results, tmp_path):
     written = tables.build_tables([results], out=tmp_path)
-    assert list(written) == ["methods"]                      # one algorithm set, no α/p/variant spread
+    # one algorithm set, no α/p/variant spread; 2 seeds: the convergence check too
+    assert list(written) == ["methods", "convergence"]
+    assert "configurations converged" in written["convergence"].read_text()
     latex = written["methods"].read_text()
     for rule in ("\\toprule", "\\midrule", "\\bottomrule"):
         assert latex.count(rule) == 1

@@ -151,4 +151,4 @@ def test_traffic_table(sweep, tmp_path, capsys):
     auto = tables.build_tables([sweep], out=tmp_path / "auto")
     assert {"methods", "traffic"} <= set(auto)
     write_v1_sweep(tmp_path / "old")
-    assert set(tables.build_tables([tmp_path / "old"], out=tmp_path / "v1")) == {"methods"}
+    assert set(tables.build_tables([tmp_path / "old"], out=tmp_path / "v1")) == {"methods", "convergence"}  # v1 sweeps: the convergence check too
