@@ -208,9 +208,12 @@ def test_bad_personalization_setups_are_one_clear_error(pretrained, tmp_path):
     with pytest.raises(ConfigError, match="bn_mode"):
         stage2(pretrained, "ft", bn_mode="X")
     assert stage2(pretrained, "fedl2p", meta_nets="lrnet", fixed_beta=0.0).label() == "FedL2P (LRNet, β = 0)"
-    assert stage2(pretrained, "fedl2p", meta_grad="fomaml").label() == "FedL2P (FOMAML+)"
+    assert stage2(pretrained, "fedl2p").label() == "FedL2P"  # FOMAML+ is FedL2P's default here
+    assert stage2(pretrained, "fedl2p").method.meta_grad == "fomaml"
+    assert stage2(pretrained, "fedl2p", meta_grad="ift").label() == "FedL2P (IFT)"
     assert stage2(pretrained, "ft", bn_mode="I").label() == "FT (BN I)"
-    assert stage2(pretrained, "fedl2p", ift_direct="all").label() == "FedL2P (IFT + LRNet's direct term)"
+    assert (stage2(pretrained, "fedl2p", meta_grad="ift", ift_direct="all").label()
+            == "FedL2P (IFT + LRNet's direct term)")
     with pytest.raises(ConfigError, match="ift_direct applies to meta_grad=ift only"):
         stage2(pretrained, "fedl2p", meta_grad="fomaml", ift_direct="all")
 

@@ -17,11 +17,13 @@ and `meta_step` makes one meta iteration on one client:
      rates (Eqs. 9-10; the authors track their last inner step, here it is an extra step);
   3. L_T = CE(f_{θ',β}(the next training batch)), L_V = CE(f_{θ',β}(the whole validation split))
      (the authors: a fresh training batch and a validation batch, both at θ');
-  4. the hypergradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
-     ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4). IFT (`hypergrad.ift_hypergradient`, Q = 3, ψ = 0.1) as
-     the authors' code: the implicit term −p·∂²L_T/∂θ'∂λ for every meta-net, plus the direct
-     term ∂_λ L_V for BNNet only (`ift_direct = "bnnet"`; "all" adds it for LRNet too, through
-     the look-ahead step). FOMAML+: the direct term ∂_λ L_V only, for every meta-net.
+  4. the meta-gradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
+     ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4). FOMAML+ (FedL2P's default here: the one that lowers the
+     validation loss at this scale, fl_core/algorithms/fedl2p.py): the direct term ∂_λ L_V only,
+     for every meta-net. IFT (the paper's; `hypergrad.ift_hypergradient`, Q = 3, ψ = 0.1) as the
+     authors' code: the implicit term −p·∂²L_T/∂θ'∂λ for every meta-net, plus the direct term
+     ∂_λ L_V for BNNet only (`ift_direct = "bnnet"`; "all" adds it for LRNet too, through the
+     look-ahead step).
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ class MetaNets(nn.Module):
 class MetaStepSettings:
     epochs: int
     batch_size: int
-    meta_grad: str = "ift"         # "ift" | "fomaml"
+    meta_grad: str = "fomaml"      # "fomaml" (FedL2P's default here) | "ift" (the paper's)
     ift_direct: str = "bnnet"      # which meta-nets get IFT's direct term ∂_λ L_V: "bnnet" (the authors') | "all"
     neumann_steps: int = 3
     neumann_psi: float = 0.1
