@@ -169,8 +169,8 @@ def policy_summary(rounds: pd.DataFrame, clients: pd.DataFrame | None = None) ->
 LOSS_HEAD = {"setting": "Data setting", "method": "Method", "seeds": "Seeds", "first": "L_V first",
              "last": "L_V last", "change": "Δ (last − first)", "p": "p (paired t)", "fell": "fell",
              "within": "within-round Δ"}
-POLICY_HEAD = {"setting": "Data setting", "method": "Method", "seeds": "Seeds", "beta_moved": "|Δβ|",
-               "eta_moved": "|Δη|/η_init", "between_learned": "β/η between domains",
+POLICY_HEAD = {"setting": "Data setting", "method": "Method", "seeds": "Seeds", "beta_moved": "mean abs Δβ",
+               "eta_moved": "mean abs Δη / η_init", "between_learned": "β/η between domains",
                "ratio_learned": "between/within", "between_init": "between (initial λ)",
                "ratio_init": "between/within (initial λ)", "p_domain": "p (ratio > initial)"}
 

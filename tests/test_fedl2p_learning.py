@@ -103,4 +103,4 @@ def test_without_domains_or_initial_columns_the_numbers_are_missing_not_wrong():
 def test_the_report_renders_both_tables_as_markdown():
     text = report(rounds_frame(), clients_frame(), markdown=True)
     assert "| S | FedL2P | 2 | 2.5 | 1.5 | -1 ± 1.061 |" in text
-    assert "|Δβ|" in text and sum(line.startswith("|---|") for line in text.splitlines()) == 2
+    assert "mean abs Δβ" in text and sum(line.startswith("|---|") for line in text.splitlines()) == 2
