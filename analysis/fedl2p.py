@@ -18,7 +18,7 @@ or with `--table fedl2p`):
   final round of every personalization trial of the row, averaged per seed (they share their
   seed's pretrained model), then mean ± std over seeds;
 - then FT (BN C), FT (BN G), FT (BN I), L2P, FedL2P and the ablations present (BNNet, LRNet with
-  β = 1 and β = 0, FOMAML+): the personalized accuracy `acc`, the client mean at the final round
+  β = 1 and β = 0, the IFT meta-gradient; FOMAML+ in sweeps made when IFT was the default): the personalized accuracy `acc`, the client mean at the final round
   of the pool (the last round where it has an accuracy), mean ± std over seeds, in %. A method
   that never ran has no column; a cell without a result is "--". A cell that differs significantly
   from FT (BN C) in its row (the paper's fine-tuning baseline) is marked "▲"/"▼"; bold: the best
@@ -50,7 +50,8 @@ PERSONALIZING = ("ft", "l2p", "fedl2p")  # the methods that fine-tune a pretrain
 META = ("l2p", "fedl2p")                 # those that learn a policy (λ)
 GLOBAL = "Global Acc"
 METHODS = ("FT (BN C)", "FT (BN G)", "FT (BN I)", "L2P", "FedL2P")  # the paper's Table 2/3 columns
-ABLATIONS = ("FedL2P (BNNet)", "FedL2P (LRNet, β = 1)", "FedL2P (LRNet, β = 0)", "FedL2P (FOMAML+)")
+# FedL2P (IFT): the meta-gradient ablation since FOMAML+ is the default; (FOMAML+): older sweeps' label
+ABLATIONS = ("FedL2P (BNNet)", "FedL2P (LRNet, β = 1)", "FedL2P (LRNet, β = 0)", "FedL2P (IFT)", "FedL2P (FOMAML+)")
 REFERENCE = ("FT (BN C)",)            # the paper's baseline: fine-tuning with the client's BN statistics
 UNKNOWN = "not in these results"        # a pretraining whose trial the results do not hold
 LEVELS = {"setting": "Data setting", "pretraining": "Pretraining", "rounds": "Rounds", "pool": "Clients",
