@@ -1,0 +1,46 @@
+"""analysis.claims: each verdict follows from the table statistics (summary.parquet rows) exactly as
+the module docstring says; a claim whose study is absent is "not run"."""
+import pandas as pd
+
+from analysis.claims import CLAIMS, FAILS, HOLDS, NOT_RUN, UNSURE, Claim, check_claims, judge
+
+COLUMN = "fmnist, Dir(0.3)"
+
+
+def summary(cells: dict[str, tuple[float, bool]], marks: dict[str, str], reference: str = "B",
+            table: str = "methods") -> pd.DataFrame:
+    """Rows as analysis.stats writes them: per cell (mean, bold), one row against `reference`."""
+    rows = []
+    for row, (mean, bold) in cells.items():
+        rows.append(dict(table=table, row=row, column=COLUMN, mean=mean, std=0.01, n=5, reference=reference,
+                         p_value=0.01, p_adjusted=0.02 if marks.get(row) else 0.4, test="paired t-test", pairs=5,
+                         marked=marks.get(row, ""), bold=bold))
+    return pd.DataFrame(rows)
+
+
+def test_better_is_the_significance_mark_against_the_reference():
+    claim = Claim("P", "A beats B", "1 vs 0", ("s",), "methods", "better", "A", "B")
+    for mark, verdict in (("better", HOLDS), ("worse", FAILS), ("", UNSURE)):
+        got = judge(claim, summary({"A": (0.9, True), "B": (0.8, False)}, {"A": mark}), COLUMN)
+        assert got["verdict"] == verdict
+    got = judge(claim, summary({"A": (0.9, True), "B": (0.8, False)}, {"A": "better"}), COLUMN)
+    assert got["ours"] == "90.0 ± 1.0 (n=5) vs 80.0" and "p = 0.02" in got["test"]
+    assert judge(claim, summary({"A": (0.9, True)}, {}), COLUMN)["verdict"] == NOT_RUN  # no B in the table
+
+
+def test_best_needs_the_only_bold_cell():
+    claim = Claim("P", "A is best", "", ("s",), "methods", "best", "A")
+    assert judge(claim, summary({"A": (0.9, True), "C": (0.8, False)}, {}), COLUMN)["verdict"] == HOLDS
+    tie = judge(claim, summary({"A": (0.9, True), "C": (0.89, True)}, {}), COLUMN)
+    assert tie["verdict"] == UNSURE and "also bold: C" in tie["test"]
+    assert judge(claim, summary({"A": (0.8, False), "C": (0.9, True)}, {}), COLUMN)["verdict"] == FAILS
+    ref = Claim("P", "ref is best", "", ("s",), "ablation", "ref_best", reference="G")
+    cells = summary({"G": (0.9, True), "L": (0.7, False)}, {}, reference="G", table="ablation")
+    assert judge(ref, cells, COLUMN)["verdict"] == HOLDS
+
+
+def test_claims_without_their_study_are_not_run(tmp_path):
+    (tmp_path / "some-sweep" / "rounds").mkdir(parents=True)  # a sweep of no claimed study
+    table = check_claims([tmp_path])
+    assert len(table) == len(CLAIMS) and set(table["verdict"]) == {NOT_RUN}
+    assert {"FedSelect", "DisPFL", "PerFedMask", "FedL2P"} == set(table["paper"])
