@@ -54,7 +54,7 @@ def test_cli_writes_rounds_and_clients_parquet(tmp_path, capsys):
     (["--pers-rate", "1.5"], "pers_rate=1.5 is outside the allowed range [0, 1]"),
     (["--pers-limit", "-0.1"], "pers_limit=-0.1 is outside the allowed range [0, 1]"),
     (["--dir-alpha", "0"], "dir_alpha=0.0 is outside the allowed range (0, inf)"),
-    (["--dataset", "imagenet"], "dataset='imagenet' is not allowed; choose one of digits, mnist, cifar10, synthetic"),
+    (["--dataset", "imagenet"], "dataset='imagenet' is not allowed; choose one of digits, mnist, fmnist, cifar10, synthetic"),
     (["--model", "vgg"], "model='vgg' is not allowed"),
     (["--algorithm", "scaffold"], "algorithm='scaffold' is not allowed"),
     (["--shards-per-client", "11"], "11"),
