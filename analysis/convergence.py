@@ -48,8 +48,12 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
     number of seeds and `converged` (True / False / NA with one seed)."""
     if not 0 < tail < 1:
         raise ValueError(f"tail={tail!r} must lie strictly between 0 and 1 (the share of the last rounds)")
+    from .search import final_rows  # a selection stage's losers are no final results
+
+    trials = final_rows(trials)
     trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
     trials["config_key"] = config_keys(trials)
+    trials["config_text"] = _varying_knobs(trials)
     curves = trial_curves(rounds[rounds["config_hash"].isin(set(trials["config_hash"]))])
     curves = curves[curves["acc_mean"].notna()].merge(
         trials[["config_hash", "setting", "method", "config_key"]], on="config_hash")
@@ -65,17 +69,34 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
         delta = end_mean - start_mean
         verdict = pd.NA if n < 2 else bool(abs(delta) < end_std)
         planned = trials.loc[trials["config_key"] == key, "rounds"].max() if "rounds" in trials else last
-        out.append({"setting": setting, "method": method, "config": key, "round_tail": int(early),
+        text = trials.loc[trials["config_key"] == key, "config_text"].iloc[0]
+        out.append({"setting": setting, "method": method, "config": text, "round_tail": int(early),
                     "round_last": int(last), "rounds": int(planned) if pd.notna(planned) else int(last),
                     "acc_tail": start_mean, "acc_last": end_mean, "delta": delta,
                     "std": end_std if n > 1 else np.nan, "seeds": n, "converged": verdict})
     return pd.DataFrame(out)
 
 
+def _varying_knobs(trials: pd.DataFrame) -> pd.Series:
+    """Per trial, the knobs (k=v) that tell its configuration apart from the others of its (setting,
+    method); "" where the method has one configuration in the setting."""
+    from .plots import config_knobs
+
+    knobs = [k for k in config_knobs(trials.columns) if k not in ("algorithm",)]
+    text = pd.Series("", index=trials.index, dtype=object)
+    for _, group in trials.groupby(["setting", "method"], sort=False):
+        varying = [k for k in knobs if group[k].astype(str).nunique() > 1]
+        text[group.index] = [", ".join(f"{k}={v}" for k, v in zip(varying, values))
+                             for values in group[varying].astype(str).itertuples(index=False, name=None)]
+    return text
+
+
 def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
     """The printed table: accuracies and Δ in % (one decimal), the verdict as yes / NO / n/a."""
     varied = table.groupby(["setting", "method"])["config"].transform("nunique") > 1
-    label = table["method"].where(~varied, table["method"] + " [" + table["config"].str.slice(0, 60) + "]")
+    label = table["method"].where(~varied, table["method"] + " [" + table["config"] + "]")
+    repeat = label.groupby([table["setting"], label]).cumcount()  # never two rows alike (LaTeX needs it)
+    label = label.where(repeat == 0, label + " #" + (repeat + 1).astype(str))
     pct = lambda v: "--" if pd.isna(v) else f"{100 * v:.1f}"
     verdict = table["converged"].map(lambda v: "n/a" if pd.isna(v) else ("yes" if v else "NO"))
     return pd.DataFrame({

@@ -76,3 +76,17 @@ def test_a_single_evaluated_round_has_no_tail_and_no_verdict():
     table = convergence(rounds, trials)
     assert table.loc[0, "round_tail"] == table.loc[0, "round_last"] == 10
     assert pd.isna(table.loc[0, "converged"]) and table.loc[0, "seeds"] == 0
+
+
+def test_configurations_of_one_method_are_told_apart_by_their_knobs():
+    """Two learning rates of one method in one setting: two rows named by the knob that differs
+    (unique row names: LaTeX rendering needs them)."""
+    rounds, trials = study({"m": [{2: 0.5, 4: 0.6}, {2: 0.5, 4: 0.6}]})
+    trials["lr"] = [0.1, 0.1]
+    more_rounds, more = study({"m": [{2: 0.4, 4: 0.45}, {2: 0.41, 4: 0.44}]})
+    more["config_hash"] = more["config_hash"] + "-b"
+    more_rounds["config_hash"] = more_rounds["config_hash"] + "-b"
+    more["lr"] = [0.3, 0.3]
+    table = convergence(pd.concat([rounds, more_rounds]), pd.concat([trials, more], ignore_index=True))
+    cells = convergence_cells(table)
+    assert sorted(cells["Method"]) == ["m [lr=0.1]", "m [lr=0.3]"]
