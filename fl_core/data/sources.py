@@ -263,7 +263,8 @@ _IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-# The IDX family: source name -> (torchvision's folder and dataset class, normalisation mean, std).
+# The IDX family: source name -> torchvision's folder under the data root (also its dataset class,
+# which `download` uses), and -> the training set's channel mean and std.
 IDX_FOLDERS = {"mnist": "MNIST", "fmnist": "FashionMNIST"}
 _IDX_STATS = {"mnist": (_MNIST_MEAN, _MNIST_STD), "fmnist": (_FMNIST_MEAN, _FMNIST_STD)}
 
