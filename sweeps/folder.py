@@ -39,7 +39,7 @@ def sweep_folder(study: str, args: argparse.Namespace) -> Path:
         owner = saved_study(folder)
         if owner is not None and owner != study:
             raise SweepError(f"--resume {name}: {name!r} is a sweep of the {owner} study, not of {study}; "
-                             f"resume it with python sweeps/{owner}.py --resume {name}")
+                             f"resume it with {study_command(owner)} --resume {name}")
         return folder
     name = args.name or f"{study}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = results / name
@@ -54,6 +54,18 @@ def resume_name(args: argparse.Namespace) -> str | None:
     if given and args.name and given != args.name:
         raise SweepError(f"--resume {given} and --name {args.name} name two sweeps; give the name once")
     return given or args.name
+
+
+def study_command(study: str) -> str:
+    """The command that runs `study`: `python sweeps/<study>.py`, or for a preset file
+    `<stem>_<preset>.toml` of a script `sweeps/<stem>.py`, that script with `--preset <preset>`."""
+    scripts = Path(__file__).parent
+    if (scripts / f"{study}.py").exists():
+        return f"python sweeps/{study}.py"
+    for script in sorted(scripts.glob("*.py"), key=lambda p: -len(p.stem)):
+        if study.startswith(f"{script.stem}_"):
+            return f"python sweeps/{script.name} --preset {study.removeprefix(f'{script.stem}_')}"
+    return f"python sweeps/{study}.py"
 
 
 def saved_study(folder: Path) -> str | None:

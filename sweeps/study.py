@@ -33,7 +33,7 @@ from fl_core.data import DataError
 
 from . import resources
 from .errors import SweepError
-from .folder import load_args, sweep_folder
+from .folder import load_args, resume_name, saved_study, sweep_folder
 from .plan import SweepPlan, varying_knobs
 from .spec import SCHEDULERS, SEARCHES, Range, StudySpec, load_spec, resolved, with_overrides
 from .stages import plan_stages
@@ -217,6 +217,9 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     """Check the flags and the study file and build every trial's config (raises before any data,
     Ray or file)."""
     name = load_spec(study.presets.get(getattr(args, "preset", "default"), study.spec)).name
+    if args.resume and (asked := resume_name(args)):  # a named sweep of any of this script's presets
+        owner = saved_study(args.results.resolve() / asked)
+        name = owner if owner in {load_spec(p).name for p in study.presets.values()} else name
     folder = sweep_folder(name, args)
     if args.resume:
         extra = sorted(set(given_knobs(args)) | ({"algorithms", "anchors", "seeds", "search", "scheduler",

@@ -88,6 +88,21 @@ def test_resume_errors_are_clear(tmp_path, capsys, flags, needle):
     assert needle in err and err.count("error:") == 1
 
 
+def test_a_preset_sweep_resumes_by_name_without_its_preset_flag(tmp_path):
+    """`--preset fmnist` sweeps belong to fedselect_grid_fmnist; `--resume NAME` continues them."""
+    folder = _fake_sweep(tmp_path, "grid-fmnist", "fedselect_grid_fmnist")
+    (folder / "study.toml").write_text((REPO / "studies" / "fedselect_grid_fmnist.toml").read_text())
+    plan, _ = plan_sweep(STUDY, build_parser(STUDY).parse_args(["--results", str(tmp_path), "--resume",
+                                                                "grid-fmnist"]))
+    assert plan.folder == folder and plan.spec.name == "fedselect_grid_fmnist"
+
+
+def test_a_sweep_of_another_scripts_preset_names_that_script_and_preset(tmp_path, capsys):
+    _fake_sweep(tmp_path, "theirs", "dispfl_fmnist")
+    assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "theirs"]) == 2
+    assert "resume it with python sweeps/dispfl.py --preset fmnist --resume theirs" in capsys.readouterr().err
+
+
 def test_missing_sweep_error_lists_the_sweeps_of_the_study(tmp_path, capsys):
     _fake_sweep(tmp_path, "mine", "fedselect_grid")
     assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "mien"]) == 2
