@@ -17,7 +17,7 @@ def plan_of(study, argv, tmp_path):
 
 # script -> (trials, datasets, {algorithm: trials}); the counts follow from each file's axes x 5 seeds
 EXPECTED = {
-    dispfl: (25, {"fmnist"}, {"dispfl": 5, "dpsgd": 5, "fedavg": 5, "fedselect": 5, "local": 5}),
+    dispfl: (20, {"fmnist"}, {"dispfl": 5, "dpsgd": 5, "fedavg": 5, "local": 5}),
     fedselect_grid: (60, {"fmnist"}, {"fedselect": 40, "fedavg": 10, "local": 10}),
     baselines: (55, {"fmnist"}, None),
     ablation: (35, {"fmnist"}, {"fedselect": 35}),
@@ -67,7 +67,7 @@ def test_presets_are_the_sibling_files_and_flags_still_override(tmp_path):
     paper = plan_of(fedselect_grid.STUDY, ["--preset", "paper", "--seeds", "0"], tmp_path)
     assert {c.dataset for c in paper.configs} == {"cifar10"}
     quick = plan_of(dispfl.STUDY, ["--preset", "fmnist", "--seeds", "0", "--rounds", "4"], tmp_path)
-    assert len(quick.configs) == 5 and {c.rounds for c in quick.configs} == {4}
+    assert len(quick.configs) == 4 and {c.rounds for c in quick.configs} == {4}
 
 
 def test_an_unknown_preset_is_one_error_naming_the_choices(capsys):
