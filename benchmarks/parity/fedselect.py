@@ -11,22 +11,25 @@ from a checkout given with --ref: this script imports its modules and calls its
   - device: `torch.cuda.is_available` answers False, so it runs on the CPU;
   - model: its own is torchvision's ResNet-18 with a 3-channel stem, which cannot take 28x28x1
     images, so both run our registered model (LeNet for 28x28) from the same initial weights;
-  - its progress bars and prints are silenced (--verbose keeps them), and its diagnostic
+  - its progress bars and prints are silenced (--verbose keeps them), the all-pairs
+    evaluation after the last round (its returned cross-client matrix) is skipped, and its diagnostic
     `eval_layer_sparsity(mask, "fc.weight")`, which names the ResNet's head, answers a
     placeholder when the model has no `fc.weight` (it only feeds a print).
 It runs in a worker thread that pauses after each round's evaluation, so the two alternate round
 by round in one process and their seconds per round are measured side by side.
 
-Per round it prints the mean client accuracy of both (ours; theirs scored per sample as ours;
-theirs as the reference reports it, a mean over test batches), their difference, the agreement
-of the personal masks (share of selectable entries on which they agree), the largest difference
-of the trained parameters, and the seconds of each.
+Per round it prints the mean client accuracy of both (theirs scored per sample as ours, and as
+the reference reports it: a mean over test batches), their difference, the agreement of the
+personal masks (share of selectable entries), the largest difference of the trained parameters,
+and the seconds of each.
 
     # the full setting: Fashion-MNIST, 2 shards per client, 10 clients of 100 images, 3 seeds
-    .venv/bin/python benchmarks/parity/fedselect.py --ref ../ref/fedselect --data-root ../shared/data \\
-        --seeds 0 1 2 --rounds 40
-    # the tiny synthetic run whose numbers tests/test_parity_fedselect.py pins
-    .venv/bin/python benchmarks/parity/fedselect.py --ref ../ref/fedselect --setting tiny --pins
+    # (about 15 CPU seconds per round for the two together; the reference takes ~1.2-1.8x ours)
+    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --data-root ../shared/data --seeds 0 1 2
+    # --order own: independent batch orders; --weighting samples: ours averages with weights 1/K
+    # (the same mean as the reference's sum / count, but the last bits differ and the runs drift)
+    # the tiny synthetic run whose numbers tests/test_parity_fedselect.py pins:
+    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --setting tiny --pins
 """
 from __future__ import annotations
 
@@ -138,15 +141,16 @@ class ReferenceRun:
             return mask
 
         def cross_client_eval(model_, states, *a, no_cross=True, **kw):
-            accs = originals["eval"](model_, states, *a, no_cross=no_cross, **kw)
-            if no_cross:  # one round done (the all-pairs call after the last round is not one)
-                self.rounds.append(dict(seconds=time.perf_counter() - self.started, reported=torch.diag(accs).tolist(),
-                                        states={i: {n: t.clone() for n, t in s.items()} for i, s in states.items()},
-                                        masks={i: dict(m) for i, m in self.masks.items()}))
-                self.rnd += 1
-                self.paused.release()
-                self.resume.acquire()
-                self.started = time.perf_counter()
+            if not no_cross:  # the all-pairs matrix it returns after the last round: unused here, skipped
+                return torch.zeros(len(states), len(states))
+            accs = originals["eval"](model_, states, *a, no_cross=no_cross, **kw)  # one round done
+            self.rounds.append(dict(seconds=time.perf_counter() - self.started, reported=torch.diag(accs).tolist(),
+                                    states={i: {n: t.clone() for n, t in s.items()} for i, s in states.items()},
+                                    masks={i: dict(m) for i, m in self.masks.items()}))
+            self.rnd += 1
+            self.paused.release()
+            self.resume.acquire()
+            self.started = time.perf_counter()
             return accs
 
         def sparsity(mask, name):
@@ -195,7 +199,7 @@ class ReferenceRun:
         return self.rounds[-1]
 
     def finish(self) -> None:
-        self.resume.release()  # lets it run its closing all-pairs evaluation
+        self.resume.release()  # lets it return
         self.thread.join()
         for module, name, value in self.saved:  # the reference's modules as they were
             if value is None:
@@ -216,7 +220,7 @@ def mask_digest(mask: dict[str, torch.Tensor]) -> dict[str, list[int]]:
 
 def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
     config = RunConfig(algorithm="fedselect", fedselect_mode="faithful", seed=seed, threads=opts.threads,
-                       data_root=opts.data_root, **knobs)
+                       data_root=opts.data_root, weighting=opts.weighting, **knobs)
     sim = Simulation(config)
     algo, data = sim.algorithm, sim.data
     init = {n: t.clone() for n, t in sim.clients[0].state.items()}
@@ -265,7 +269,6 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
 
 def summary(runs: dict[int, list[dict]]) -> None:
     final = {who: [np.mean(rows[-1][who]) for rows in runs.values()] for who in ("ours", "theirs", "reported")}
-    speed = {who: [np.mean([r[f"{who}_s"] for r in rows]) for rows in runs.values()] for who in ("ours", "theirs")}
     diffs = [a - b for a, b in zip(final["ours"], final["theirs"])]
     print(f"\nfinal accuracy over seeds {list(runs)} (mean ± std over seeds):")
     for who in final:
@@ -273,8 +276,10 @@ def summary(runs: dict[int, list[dict]]) -> None:
     print(f"  ours - theirs: {np.mean(diffs):+.4f} (per seed {['%+.4f' % x for x in diffs]})")
     agree = [rows[-1]["agree"] / rows[-1]["entries"] for rows in runs.values()]
     print(f"  final mask agreement per seed: {agree}")
-    print(f"  seconds per round: ours {np.mean(speed['ours']):.3f}, theirs {np.mean(speed['theirs']):.3f}, "
-          f"theirs / ours = {np.mean(speed['theirs']) / np.mean(speed['ours']):.2f}")
+    ours_s, theirs_s = (np.array([r[f"{who}_s"] for rows in runs.values() for r in rows]) for who in ("ours", "theirs"))
+    print(f"  seconds per round, mean / median of {len(ours_s)} rounds: ours {ours_s.mean():.2f} / {np.median(ours_s):.2f}, "
+          f"theirs {theirs_s.mean():.2f} / {np.median(theirs_s):.2f}; theirs / ours, median of the rounds' ratios: "
+          f"{np.median(theirs_s / ours_s):.2f}")
 
 
 def main() -> None:
@@ -289,6 +294,9 @@ def main() -> None:
         parser.add_argument("--" + knob.replace("_", "-"), type=int, default=None)
     for knob in ("lr", "pers_rate", "pers_limit"):
         parser.add_argument("--" + knob.replace("_", "-"), type=float, default=None)
+    parser.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
+                        help="ours: uniform = the reference's sum / count; samples = weights n_k / n (1/K here: "
+                             "the same mean, rounded differently)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
     parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here")
     parser.add_argument("--pins", action="store_true", help="print the numbers tests/test_parity_fedselect.py pins")

@@ -31,10 +31,14 @@ become personal, never the schedule:
   here the 1-based rounds k + 1, 2k + 1, ...;
 - Δ is measured from the client's state after local training (before the broadcast) at its
   previous mask update (the initial model before the first), not from the start of LocalAlt;
-- per tensor, the mask grows whenever that tensor's personal share is at most α (checked
-  before growing, so it may overshoot α), by the global entries whose |Δ| reaches the value at
-  sorted position round((1 - p)·G) of the G global entries' |Δ| (numpy's round), ties included;
-- the last round is not aggregated.
+- per tensor, the mask grows whenever that tensor's personal share (a float32 quotient) is at
+  most α (checked before growing, so it may overshoot α), by the global entries whose |Δ|
+  reaches the value at sorted position round((1 - p)·G) of the G global entries' |Δ| (numpy's
+  round), ties included;
+- the last round is not aggregated;
+- the server sums the global entries and divides by their count (weights 1, not 1/K: the same
+  mean, rounded as the reference rounds it; benchmarks/parity/fedselect.py shows the two runs
+  then agree bit for bit, and that a last-bit difference here grows into different masks).
 """
 from __future__ import annotations
 
@@ -159,9 +163,11 @@ class FedSelect(Algorithm):
 
     def faithful_count(self, mask: torch.Tensor) -> int:
         """How many entries the reference code makes personal in a tensor: none once its
-        personal share exceeds α; else G - round((1 - p)·G) of its G global entries."""
+        personal share exceeds α; else G - round((1 - p)·G) of its G global entries. The share is
+        a float32 quotient, as the reference's tensor division gives it: a share of exactly α
+        (8 of 10 entries at α = 0.8) reads 0.800000012 there and so already exceeds α."""
         personal = int(mask.sum())
-        if personal / mask.numel() > self.params.pers_limit:
+        if float(np.float32(personal) / np.float32(mask.numel())) > self.params.pers_limit:
             return 0
         free = mask.numel() - personal
         return free - int(np.round((1.0 - self.params.pers_rate) * free))
@@ -185,6 +191,14 @@ class FedSelect(Algorithm):
             client.mask = PackedMask.from_dict(grown)
 
     # ---------------------------------------------------------------- server side
+    def aggregation_weights(self, data) -> list[float]:
+        """Faithful, uniform: weight 1 per client, so the masked average is the reference's sum
+        of the global entries divided by their count (the same mean as weights 1/K, but rounded
+        as the reference rounds it: with 1/K = 0.1 the two differ in the last bit)."""
+        if self.faithful and self.config.weighting == "uniform":
+            return [1.0] * len(data)
+        return super().aggregation_weights(data)
+
     def aggregates_in(self, rnd: int) -> bool:
         return not (self.faithful and rnd == self.config.rounds)
 
