@@ -30,6 +30,12 @@ mean ratio of the validation loss after / before is, on fmnist_c, 1.044 (IFT, ψ
 `meta_grad = ift` (Q = `neumann_steps`, ψ = `neumann_psi`, the direct term per `ift_direct`) is
 the paper's, kept as a knob and run as an ablation (Table 8 in reverse).
 
+`lookahead = first_order` takes the look-ahead step's gradient as a constant, as the authors' code
+does (θ' then depends on λ through η only); the default differentiates it, as the paper's Eq. 10
+reads (fl_core/fedl2p/personalize.py). Everything else of one meta step matches the authors' code
+(benchmarks/parity/fedl2p.py) up to the documented departures there: BN statistics, the extra
+look-ahead step, population variances in the meta-nets' inputs.
+
 Ablations (Tables 5 and 8): `meta_nets = bnnet` (η fixed at `lr`), `lrnet` (β fixed at
 `fixed_beta`, 0 or 1), `meta_grad = ift` (the paper's IFT hypergradient instead of FOMAML+).
 Per-client metrics each round it takes part: `val_loss`, `hypergrad_seconds`, and its policy
@@ -47,7 +53,7 @@ import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
-from ..fedl2p.personalize import META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics
+from ..fedl2p.personalize import LOOKAHEADS, META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics
 from ..knobs import ConfigError, knob
 from ..training import derive_seed
 from .base import BYTES_PER_ENTRY, LocalStats, Traffic
@@ -69,6 +75,10 @@ class FedL2PParams(PersonalizeParams):
     ift_direct: str = knob("bnnet", "ift: the meta-nets whose hypergradient adds the direct term dL_V/dlambda: bnnet "
                            "(the authors' code: LRNet learns from the implicit term alone) or all (LRNet too, through "
                            "the look-ahead step)", choices=("bnnet", "all"))
+    lookahead: str = knob("exact", "the look-ahead step's gradient: exact = differentiated (the paper's Eq. 10: theta' "
+                          "depends on beta through it too); first_order = a constant, as the authors' code "
+                          "(learn2learn's first-order clone; benchmarks/parity/fedl2p.py)", choices=LOOKAHEADS,
+                          added=True)
     meta_steps: int = knob(3, "meta iterations K per client per round (the authors' outer_loop_epochs)", low=1)
     neumann_steps: int = knob(3, "meta_grad = ift: Neumann series terms Q of the inverse Hessian", low=0)
     neumann_psi: float = knob(0.1, "meta_grad = ift: Neumann series step psi (the paper's 0.1); the series converges only when psi "
@@ -87,6 +97,8 @@ class FedL2PParams(PersonalizeParams):
 
     def label(self, display: str) -> str:
         parts = {"bnnet": ["BNNet"], "lrnet": [f"LRNet, β = {self.fixed_beta:g}"]}.get(self.meta_nets, [])
+        if self.lookahead == "first_order":
+            parts.append("first-order look-ahead")
         if self.meta_grad == "ift":
             parts.append("IFT + LRNet's direct term" if self.ift_direct == "all" else "IFT")
         return f"{display} ({', '.join(parts)})" if parts else display
@@ -119,7 +131,7 @@ class FedL2P(Personalizing):
     def settings(self) -> MetaStepSettings:
         p = self.params
         return MetaStepSettings(epochs=p.ft_epochs, batch_size=self.config.batch_size, meta_grad=p.meta_grad,
-                                ift_direct=p.ift_direct,
+                                ift_direct=p.ift_direct, lookahead=p.lookahead,
                                 neumann_steps=p.neumann_steps, neumann_psi=p.neumann_psi, lr_bn=p.meta_lr_bn,
                                 lr_lr=p.meta_lr_lr, lr_post=p.meta_lr_post)
 

@@ -73,10 +73,13 @@ def run_with_input_hooks(model: nn.Module, layers: Sequence[tuple[str, nn.Module
 
 
 @torch.no_grad()
-def client_bn_stats(model: nn.Module, x: Tensor, batch_size: int | None = None) -> BNStats:
+def client_bn_stats(model: nn.Module, x: Tensor, batch_size: int | None = None, unbiased: bool = False) -> BNStats:
     """Per-channel (mean, biased variance) of every BatchNorm layer's input over all of `x`: one
     forward pass of the pretrained model in eval mode (no grad; the mode is restored after),
-    optionally in chunks of `batch_size` pooled exactly (float64 sums)."""
+    optionally in chunks of `batch_size` pooled exactly (float64 sums). `unbiased`: the variance
+    with Bessel's correction (times n/(n−1), n the elements per channel), as the authors' KL
+    features use it (`metanets.bn_kl_features`); the mixing itself normalises with the biased one,
+    as BatchNorm does."""
     layers = bn_layers(model)
     sums: dict[str, list[Tensor | float]] = {}
 
@@ -101,6 +104,8 @@ def client_bn_stats(model: nn.Module, x: Tensor, batch_size: int | None = None) 
         s, ss, count = sums[name]
         mean = s / count
         var = (ss / count - mean * mean).clamp_min(0.0)
+        if unbiased:
+            var = var * count / max(count - 1, 1)
         dtype = module.running_mean.dtype if module.running_mean is not None else x.dtype
         out[name] = (mean.to(dtype), var.to(dtype))
     return out

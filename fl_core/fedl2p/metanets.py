@@ -18,6 +18,10 @@ functions do):
 - `bn_kl_features`: per BN layer, the channel average of the symmetric KL divergence between the
   Gaussians of the client's per-channel input statistics and of the layer's running statistics:
   BNNet's input.
+Both use population (biased) variances by default; the authors' `precompute_kld` and
+`precompute_feat_stats` use unbiased ones and take the SD as sqrt(var + 1e-5). With n elements per
+statistic (thousands here) that is a relative difference of about 1/n (1e-4 on a 40-image client,
+benchmarks/parity/fedl2p.py); `unbiased=True` (and `eps=1e-5` for the SD) gives theirs exactly.
 """
 from __future__ import annotations
 
@@ -117,13 +121,15 @@ def lrs_by_name(eta: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def layer_input_stats(model: nn.Module, x: Tensor, batch_size: int | None = None) -> tuple[Tensor, Tensor]:
+def layer_input_stats(model: nn.Module, x: Tensor, batch_size: int | None = None, unbiased: bool = False,
+                      eps: float = 0.0) -> tuple[Tensor, Tensor]:
     """(means [M], sds [M]): the scalar mean and (population) standard deviation over all elements
     of the input to each of the M parameter-owning layers, in the order the forward pass first
     reaches them. One no-grad pass of `x` in eval mode (the pretrained model with its running BN
     statistics, as the authors' `precompute_feat_stats`; the mode is restored after), optionally
     in chunks of `batch_size`, pooled exactly (float64 sums). A layer called more than once pools
-    the elements of all its calls into its one entry.
+    the elements of all its calls into its one entry. `unbiased` and `eps`: SD = sqrt(unbiased
+    variance + eps), the authors' estimator with eps = 1e-5 (module docstring).
     """
     layers = parameter_layers(model)
     order: list[str] = []
@@ -149,8 +155,11 @@ def layer_input_stats(model: nn.Module, x: Tensor, batch_size: int | None = None
     for name in order:
         s, ss, count = sums[name]
         mean = s / count
+        var = max(ss / count - mean * mean, 0.0)
+        if unbiased:
+            var = var * count / max(count - 1, 1)
         means.append(mean)
-        sds.append(math.sqrt(max(ss / count - mean * mean, 0.0)))
+        sds.append(math.sqrt(var + eps))
     return torch.tensor(means, dtype=x.dtype), torch.tensor(sds, dtype=x.dtype)
 
 
@@ -165,13 +174,14 @@ def gaussian_kl(mean1: Tensor, var1: Tensor, mean2: Tensor, var2: Tensor) -> Ten
 
 
 def bn_kl_features(model: nn.Module, x: Tensor, batch_size: int | None = None,
-                   client_stats: dict[str, tuple[Tensor, Tensor]] | None = None) -> Tensor:
+                   client_stats: dict[str, tuple[Tensor, Tensor]] | None = None, unbiased: bool = False) -> Tensor:
     """ξ [B]: for each BatchNorm layer (`bn_layers` order, the order of β), the channel mean of
     ½[KL(P_j‖Q_j) + KL(Q_j‖P_j)] with P_j the client's N(μ_j, σ_j² + ε) (per-channel input mean and
     biased variance over all of `x`, from `client_bn_stats`, unless `client_stats` is given) and
     Q_j the layer's running N(μ_pt,j, σ²_pt,j + ε), ε the layer's eps. (The authors' code lists
-    the layers last-first; here they follow the model, matching β.)"""
-    stats = client_bn_stats(model, x, batch_size) if client_stats is None else client_stats
+    the layers last-first; here they follow the model, matching β.) `unbiased`: the client's variance
+    with Bessel's correction, as the authors (module docstring; ignored when `client_stats` is given)."""
+    stats = client_bn_stats(model, x, batch_size, unbiased) if client_stats is None else client_stats
     feats = []
     for name, module in bn_layers(model):
         if module.running_mean is None or module.running_var is None:

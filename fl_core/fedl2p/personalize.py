@@ -14,7 +14,11 @@ and `meta_step` makes one meta iteration on one client:
   1. fine-tune the pretrained θ_g for `epochs` under the current policy, untracked (θ_e);
   2. one more SGD step, tracked, on one seeded training batch (`batch_size` samples):
      θ' = θ_e − η(λ)·∇L_T(θ_e, β(λ)). It makes the training loss at θ' depend on the learning
-     rates (Eqs. 9-10; the authors track their last inner step, here it is an extra step);
+     rates (Eqs. 9-10; the authors track their last inner step, here it is an extra step). The
+     gradient is differentiated too (`lookahead = "exact"`, Eq. 10 as written: θ' depends on β
+     also through ∇L_T); the authors' code takes it as a constant (learn2learn's first-order
+     clone: θ' depends on λ through η only), `lookahead = "first_order"`. It matters for BNNet:
+     its meta-gradient differs by 20-30 % between the two (benchmarks/parity/fedl2p.py);
   3. L_T = CE(f_{θ',β}(the next training batch)), L_V = CE(f_{θ',β}(the whole validation split))
      (the authors: a fresh training batch and a validation batch, both at θ');
   4. the meta-gradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
@@ -43,6 +47,7 @@ from .metanets import (LRNet, MetaNet, bn_kl_features, bnnet, layer_input_stats,
                        parameter_layers, parameter_tensor_names)
 
 META_GRADS = ("ift", "fomaml")
+LOOKAHEADS = ("exact", "first_order")
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,7 @@ class MetaStepSettings:
     batch_size: int
     meta_grad: str = "fomaml"      # "fomaml" (FedL2P's default here) | "ift" (the paper's)
     ift_direct: str = "bnnet"      # which meta-nets get IFT's direct term ∂_λ L_V: "bnnet" (the authors') | "all"
+    lookahead: str = "exact"       # "exact" (the paper's Eq. 10) | "first_order" (the authors' code)
     neumann_steps: int = 3
     neumann_psi: float = 0.1
     clip: float = 1.0
@@ -162,6 +168,8 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
               seed: int) -> dict[str, float]:
     """One meta iteration on one client (module docstring): updates `nets` in place and returns
     the validation loss L_V at θ' and the hypergradient's wall time in seconds."""
+    if settings.lookahead not in LOOKAHEADS:
+        raise ValueError(f"lookahead={settings.lookahead!r}; choose one of {', '.join(LOOKAHEADS)}")
     policy = nets.policy(inputs)
     theta_e = fine_tune(model, state, x_train, y_train, policy, inputs.bn_stats, epochs=settings.epochs,
                         batch_size=settings.batch_size, seed=seed)
@@ -175,7 +183,7 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
     with bn_mixing(model, policy.betas, inputs.bn_stats, policy.source):
         first = _loss(model, leaves, buffers, x_batch, y_batch)
         names = list(policy.lrs)
-        grads = torch.autograd.grad(first, [leaves[n] for n in names], create_graph=True)
+        grads = torch.autograd.grad(first, [leaves[n] for n in names], create_graph=settings.lookahead == "exact")
         looked = dict(leaves) | {n: leaves[n] - policy.lrs[n] * g for n, g in zip(names, grads)}
         train_loss = _loss(model, looked, buffers, x_fresh, y_fresh)
         val_loss = _loss(model, looked, buffers, x_val, y_val)

@@ -1,0 +1,484 @@
+"""Parity of our FedL2P (fl_core/fedl2p/, fl_core/algorithms/fedl2p.py) with the authors' code,
+github.com/royson/fedl2p at commit fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee.
+
+Their pipeline (Flower 0.17 on Ray 1.4.1, YAML configs, wandb, CIFAR/Office/DomainNet loaders)
+cannot run here (Ray 1.4.1 has no build for Python 3.11), so the components run on identical
+inputs: their functions, imported from a checkout (`--ref`), unmodified, adapted from outside only:
+`flwr` and `ray` are stubbed in sys.modules (imported at the top of their modules; `meta_train`
+and the functions compared never use them, `fl.common.Weights` is only an annotation); their
+package `__init__`s are bypassed (each needed file is loaded alone, so their dataset and model
+zoo modules are not imported); `ClassificationClient`, the base of a client class never
+instantiated here, is a placeholder; learn2learn 0.1.7 (its wheel's Cython extension does not
+build on Python 3.11) is loaded from its source tree (`--learn2learn`), only the pure-Python
+`learn2learn.utils` and `learn2learn.algorithms.base_learner` their client imports.
+
+Printed per component and seed: max |ours - theirs| / max |theirs| over the tensors compared.
+ 1. BN mixing: their KLDBatchNorm2d in train mode vs our source="batch", in eval mode with running
+    statistics S vs our source="client" with S (outputs, d output / d beta).
+ 2. Meta-net inputs: `precompute_kld` (theirs lists layers last-first) vs `bn_kl_features`, and
+    `precompute_feat_stats` (mode layerwise) vs `layer_input_stats`; ours by default and with the
+    authors' estimators (unbiased=True, eps=1e-5).
+ 3. Meta-nets (BNNet, ClampLRNet vs ours): initial weights from one seed, forward and gradient.
+ 4. The IFT hypergradient: their `Hypergrad(0.1, 3).grad` vs `ift_hypergradient` (scale "paper",
+    no clipping, implicit term) on the same graph (model, batches, lambda).
+ 5. One meta step: their `meta_train` (one outer iteration) vs our `meta_step`, from the same
+    lambda, model and batches in the same order (our schedule fed through their loader):
+    A. LeNet-BN, LRNet and eta~ only, beta fixed at 0 (pretrained statistics on both sides);
+    B. BatchNorm on the input only, both meta-nets, full-batch steps, their running statistics set
+       to our client statistics with momentum 0: our documented BN departure then vanishes;
+    C. LeNet-BN, both meta-nets, each side's own BN statistics (the documented departure).
+    B and C with our default look-ahead (the paper's Eq. 10) and with lookahead="first_order"
+    (theirs). The update of lambda is compared (in float64 by default: in float32 the update,
+    ~1e-6 on weights ~0.1, is mostly rounding), with the validation loss and the time ratio.
+
+    python benchmarks/parity/fedl2p.py --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7        # tiny, 1 seed
+    python benchmarks/parity/fedl2p.py --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7 \
+        --setting fmnist --data-root ../shared/data --seeds 0 1 2                    # full: ~2 CPU min
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import sys
+import time
+import types
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from fl_core.fedl2p.bn_mixing import bn_layers, bn_mixing, client_bn_stats  # noqa: E402
+from fl_core.fedl2p.hypergrad import ift_hypergradient  # noqa: E402
+from fl_core.fedl2p.metanets import bn_kl_features, bnnet, layer_input_stats, lrnet, lrnet_input  # noqa: E402
+from fl_core.fedl2p.personalize import (ClientInputs, MetaNets, MetaStepSettings, client_inputs,  # noqa: E402
+                                        fine_tune, meta_step, split_state)
+from fl_core.models import build_model  # noqa: E402
+
+REFERENCE_COMMIT = "fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee"
+
+
+# ------------------------------------------------------------------ the fixture (both sides)
+@dataclass
+class Fixture:
+    model: nn.Module          # pretrained, with running BN statistics
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    batch_size: int
+    epochs: int
+    lr: float                 # eta~'s initial value (their start_inner_lr)
+    seed: int
+
+
+def pretrain_bn(model: nn.Module, x: Tensor, y: Tensor, seed: int, steps: int = 30, lr: float = 0.05) -> nn.Module:
+    """A few seeded SGD steps in train mode: weights and running statistics of 'another' population."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, x.shape[0], (32,), generator=gen)
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return model.eval()
+
+
+def tiny_fixture(seed: int = 0) -> Fixture:
+    """LeNet-BN at width 0.5 on seeded synthetic 28x28 images: pretrained on N(0, 1) images, the
+    client's are shifted and scaled (a feature shift, so that its BN statistics differ)."""
+    torch.manual_seed(seed)
+    model = build_model("lenet_bn", (1, 28, 28), 10, width=0.5)
+    gen = torch.Generator().manual_seed(seed + 100)
+    x_pre, y_pre = torch.randn(256, 1, 28, 28, generator=gen), torch.randint(0, 10, (256,), generator=gen)
+    pretrain_bn(model, x_pre, y_pre, seed)
+    x = 0.4 + 1.6 * torch.randn(56, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (56,), generator=gen)
+    return Fixture(model, x[:40], y[:40], x[40:], y[40:], batch_size=16, epochs=2, lr=0.01, seed=seed)
+
+
+def fmnist_fixture(data_root: str, seed: int, client: int = 0) -> Fixture:
+    """One client of Fashion-MNIST Dir(0.1) (10 clients, 150 images, 20 % validation); LeNet-BN
+    pretrained on the other nine clients' training images (centralised SGD)."""
+    from fl_core.data import build_federated_data
+    data = build_federated_data(dataset="fmnist", num_clients=10, partition="dirichlet", dir_alpha=0.1, seed=seed,
+                                samples_per_client=150, val_fraction=0.2, data_root=data_root)
+    others = [c for k, c in enumerate(data.clients) if k != client]
+    pool_x = torch.cat([c.x_train for c in others]).to(torch.get_default_dtype())
+    torch.manual_seed(seed)
+    model = build_model("lenet_bn", (1, 28, 28), 10)
+    pretrain_bn(model, pool_x, torch.cat([c.y_train for c in others]), seed, steps=100)
+    c, dtype = data.clients[client], torch.get_default_dtype()
+    return Fixture(model, c.x_train.to(dtype), c.y_train, c.x_val.to(dtype), c.y_val, batch_size=32, epochs=5,
+                   lr=0.01, seed=seed)
+
+
+def input_bn_fixture(fix: Fixture) -> Fixture:
+    """Setting B: BatchNorm on the input only, then conv, pool, linear; full-batch steps."""
+    torch.manual_seed(fix.seed)
+    model = nn.Sequential(nn.BatchNorm2d(1), nn.Conv2d(1, 4, 5, padding=2), nn.ReLU(), nn.MaxPool2d(4),
+                          nn.Flatten(), nn.Linear(4 * 7 * 7, 10))
+    pretrain_bn(model, torch.randn(256, 1, 28, 28, generator=torch.Generator().manual_seed(fix.seed)),
+                torch.randint(0, 10, (256,), generator=torch.Generator().manual_seed(fix.seed + 1)), fix.seed)
+    return replace(fix, model=model, batch_size=fix.x_train.shape[0])
+
+
+def rel(ours: Tensor, theirs: Tensor) -> float:
+    """max |ours - theirs| / max |theirs| (0 when both are 0)."""
+    ours, theirs = ours.detach().double().reshape(-1), theirs.detach().double().reshape(-1)
+    scale = theirs.abs().max().item()
+    diff = (ours - theirs).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def worst(pairs) -> float:
+    return max(rel(a, b) for a, b in pairs)
+
+
+# ------------------------------------------------------------------ their code, imported as is
+def _load_file(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package(name: str, path: Path | None = None, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = [str(path)] if path is not None else []
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def load_reference(ref: str, learn2learn: str | None) -> types.SimpleNamespace:
+    """Their model_utils, weight_net, client_utils and FedL2P client modules (see the docstring)."""
+    root = Path(ref).resolve()
+    if not (root / "src" / "apps" / "clients" / "fedl2p_classification_client.py").exists():
+        raise SystemExit(f"{root} is not a checkout of royson/fedl2p")
+    try:
+        import learn2learn.algorithms.base_learner  # noqa: F401  (an installed learn2learn works as well)
+    except ImportError:
+        if learn2learn is None:
+            raise SystemExit("learn2learn is not importable: pass --learn2learn <its source tree> "
+                             "(e.g. the unpacked learn2learn-0.1.7 sdist)")
+        l2l = Path(learn2learn).resolve()
+        l2l = l2l / "learn2learn" if (l2l / "learn2learn").is_dir() else l2l
+        _package("learn2learn", l2l)
+        _package("learn2learn.algorithms", l2l / "algorithms")
+        _load_file("learn2learn.utils", l2l / "utils" / "__init__.py")
+        _load_file("learn2learn.algorithms.base_learner", l2l / "algorithms" / "base_learner.py")
+    common = types.ModuleType("flwr.common")
+    common.Weights = list                      # only in annotations
+    common.parameters_to_weights = None        # used by their client's fit/evaluate, not by meta_train
+    sys.modules.setdefault("flwr", types.ModuleType("flwr")).common = common
+    sys.modules.setdefault("flwr.common", common)
+    sys.modules.setdefault("ray", types.ModuleType("ray"))
+    sys.path.insert(0, str(root))              # their `config.py`
+    src = root / "src"
+    _package("src", src)
+    _package("src.models", src / "models")
+    _package("src.apps", src / "apps")
+    clients = _package("src.apps.clients", src / "apps" / "clients")
+    data = _package("src.data", src / "data")
+    _load_file("src.utils", src / "utils.py")
+    model_utils = _load_file("src.models.model_utils", src / "models" / "model_utils.py")
+    weight_net = _load_file("src.models.weight_net", src / "models" / "weight_net.py")
+    client_utils = _load_file("src.apps.clients.client_utils", src / "apps" / "clients" / "client_utils.py")
+    data.cycle = _load_file("src.data.utils", src / "data" / "utils.py").cycle
+    clients.test, clients.epochs_to_batches = client_utils.test, client_utils.epochs_to_batches
+    clients.ClassificationClient = type("ClassificationClient", (), {})  # never instantiated here
+    client = _load_file("src.apps.clients.fedl2p_classification_client",
+                        src / "apps" / "clients" / "fedl2p_classification_client.py")
+    return types.SimpleNamespace(mu=model_utils, wn=weight_net, cu=client_utils, client=client)
+
+
+def kld_twin(ref, model: nn.Module, momentum: float = 0.1) -> nn.Module:
+    """`model` with each BatchNorm replaced by their KLDBatchNorm, loaded by their
+    `copy_pretrain_to_kld` (pretrained running statistics -> init_running_*, running reset)."""
+    twin = copy.deepcopy(model)
+    for parent in list(twin.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.BatchNorm2d):
+                setattr(parent, name, ref.mu.KLDBatchNorm2d(child.num_features, child.eps, momentum))
+            elif isinstance(child, nn.BatchNorm1d):
+                setattr(parent, name, ref.mu.KLDBatchNorm1d(child.num_features, child.eps, momentum))
+    ref.mu.copy_pretrain_to_kld([t.numpy() for t in model.state_dict().values()], twin)
+    return twin
+
+
+def set_running(ref, twin: nn.Module, stats) -> None:
+    """Their eval-mode statistics := `stats` ({layer: (mean, var)}, our client statistics)."""
+    kld = [m for m in twin.modules() if isinstance(m, (ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d))]
+    for m, (mean, var) in zip(kld, stats.values()):
+        m.running_mean, m.running_var = mean.clone(), var.clone()
+
+
+def batches(x: Tensor, y: Tensor, size: int) -> list[tuple[Tensor, Tensor]]:
+    return [(x[i:i + size], y[i:i + size]) for i in range(0, x.shape[0], size)]
+
+
+# ------------------------------------------------------------------ components 1-4
+def random_betas(model: nn.Module, seed: int) -> Tensor:
+    return 0.2 + 0.6 * torch.rand(len(bn_layers(model)), generator=torch.Generator().manual_seed(seed))
+
+
+def mixing_ours(fix: Fixture, betas: Tensor, source: str) -> tuple[Tensor, Tensor]:
+    """Logits on x_val under the mix, and d(logits . w)/d beta (w seeded)."""
+    betas = betas.clone().requires_grad_(True)
+    stats = client_bn_stats(fix.model, fix.x_train) if source == "client" else None
+    with bn_mixing(fix.model, betas, stats, source):
+        out = fix.model(fix.x_val)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    return out.detach(), torch.autograd.grad((out * w).sum(), betas)[0]
+
+
+def mixing_theirs(ref, fix: Fixture, betas: Tensor, source: str) -> tuple[Tensor, Tensor]:
+    twin = kld_twin(ref, fix.model)
+    betas = betas.clone().requires_grad_(True)
+    if source == "client":
+        set_running(ref, twin, client_bn_stats(fix.model, fix.x_train))
+        twin.eval()
+    else:
+        twin.train()
+    ref.mu.set_kld_beta(twin, betas)
+    out = twin(fix.x_val)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    return out.detach(), torch.autograd.grad((out * w).sum(), betas)[0]
+
+
+def features_ours(fix: Fixture) -> tuple[Tensor, Tensor]:
+    """(BNNet's input [B], LRNet's input [2M]) of the client's training set."""
+    return bn_kl_features(fix.model, fix.x_train), lrnet_input(*layer_input_stats(fix.model, fix.x_train))
+
+
+def features_theirs(ref, fix: Fixture) -> tuple[Tensor, Tensor]:
+    twin, loader = kld_twin(ref, fix.model), batches(fix.x_train, fix.y_train, fix.batch_size)
+    learnable = (nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d, nn.Linear)
+    kl = ref.mu.precompute_kld(twin, loader, None, "cpu").reshape(-1).flip(0)  # theirs: last layer first
+    stats = ref.mu.precompute_feat_stats(twin, learnable, loader, None, "cpu", "layerwise").reshape(-1)
+    return kl, stats
+
+
+def metanets_ours(fix: Fixture, seed: int) -> tuple[nn.Module, nn.Module]:
+    num_bn, tensors = len(bn_layers(fix.model)), len(list(fix.model.parameters()))
+    layers = sum(1 for m in fix.model.modules() if any(True for _ in m.parameters(recurse=False)))
+    torch.manual_seed(seed)
+    bn = bnnet(num_bn)
+    torch.manual_seed(seed + 1)
+    return bn, lrnet(layers, tensors, fix.lr)
+
+
+def metanets_theirs(ref, bn_ours: nn.Module, lr_ours: nn.Module, seed: int) -> tuple[nn.Module, nn.Module]:
+    """Their BNNet and ClampLRNet built and initialised as their client does (cifar_fedl2p.yaml)."""
+    torch.manual_seed(seed)
+    bn = ref.wn.BNNet(input_size=bn_ours.in_features, output_size=bn_ours.out_features)
+    bn.apply(lambda m: ref.wn.weights_init(m, 0.1, 0.5))
+    torch.manual_seed(seed + 1)
+    lr = ref.wn.ClampLRNet(input_size=lr_ours.in_features, output_size=lr_ours.out_features, max_limit=1000.0)
+    lr.apply(lambda m: ref.wn.weights_init(m, 0.1, 1.0))
+    return bn, lr
+
+
+def net_forward(net: nn.Module, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    out = net(x.reshape(1, -1)).reshape(-1)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(11))
+    params = [p for n, p in net.named_parameters() if n != "post_multiplier"]  # eta~ is not in the forward
+    return out.detach(), list(torch.autograd.grad((out * w).sum(), params))
+
+
+def reference_inputs(fix: Fixture) -> ClientInputs:
+    """Our ClientInputs with the authors' estimators (unbiased variances, eps in the SD)."""
+    means, sds = layer_input_stats(fix.model, fix.x_train, unbiased=True, eps=1e-5)
+    return ClientInputs(client_bn_stats(fix.model, fix.x_train),
+                        bn_kl_features(fix.model, fix.x_train, unbiased=True), lrnet_input(means, sds))
+
+
+def new_metanets(fix: Fixture, use_bnnet: bool = True, fixed_beta: float = 1.0) -> MetaNets:
+    torch.manual_seed(fix.seed + 5)
+    return MetaNets(fix.model, fix.lr, use_bnnet=use_bnnet, fixed_beta=fixed_beta)
+
+
+def lookahead_graph(fix: Fixture, nets: MetaNets, inputs: ClientInputs):
+    """(L_T, L_V, theta') as in meta_step (steps 1-3): e epochs, then the tracked look-ahead step."""
+    policy = nets.policy(inputs)
+    tuned = fine_tune(fix.model, fix.model.state_dict(), fix.x_train, fix.y_train, policy, inputs.bn_stats,
+                      epochs=fix.epochs, batch_size=fix.batch_size, seed=fix.seed)
+    params, buffers = split_state(fix.model, tuned)
+    leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+    bs = fix.batch_size
+    with bn_mixing(fix.model, policy.betas, inputs.bn_stats):
+        def loss(p, x, y):
+            return F.cross_entropy(functional_call(fix.model, (p, buffers), (x,)), y)
+        grads = torch.autograd.grad(loss(leaves, fix.x_train[:bs], fix.y_train[:bs]), list(leaves.values()))
+        looked = {n: leaves[n] - policy.lrs[n] * g for n, g in zip(leaves, grads)}
+        return loss(looked, fix.x_train[bs:2 * bs], fix.y_train[bs:2 * bs]), loss(looked, fix.x_val, fix.y_val), looked
+
+
+def hypergradients(ref, fix: Fixture) -> tuple[list[Tensor], list[Tensor]]:
+    """The implicit IFT term for every meta-parameter, ours and theirs, on graphs built alike."""
+    nets = new_metanets(fix)
+    inputs, meta = reference_inputs(fix), list(nets.parameters())
+    train, val, looked = lookahead_graph(fix, nets, inputs)
+    ours = ift_hypergradient(train, val, looked, meta, steps=3, psi=0.1, scale="paper", clip=None,
+                             direct=[False] * len(meta))
+    train, val, looked = lookahead_graph(fix, nets, inputs)
+    theirs = ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3).grad(val, train, meta, list(looked.values()))
+    return ours, theirs
+
+
+# ------------------------------------------------------------------ component 5: one meta step
+class ScriptedLoader:
+    """A 'DataLoader' for their meta_train: the first `stats_passes` iterations are the client's
+    training set in chunks (their precompute_* passes), later ones the given batch schedule."""
+
+    def __init__(self, x: Tensor, y: Tensor, chunk: int, schedule: list, stats_passes: int):
+        self.dataset, self.stats, self.schedule, self.left = x, batches(x, y, chunk), schedule, stats_passes
+
+    def __iter__(self):
+        if self.left > 0:
+            self.left -= 1
+            return iter(self.stats)
+        return iter(self.schedule)
+
+
+def our_schedule(fix: Fixture, seed: int) -> list:
+    """Our meta_step's batches in order: e epochs (functional_sgd's order), the look-ahead batch,
+    then L_T's batch (the next one, or the look-ahead batch again when there is none)."""
+    n, bs = fix.x_train.shape[0], fix.batch_size
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    epoch = [order[i:i + bs] for i in range(0, n, bs)]
+    step = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1))
+    fresh = step[bs:2 * bs] if n > bs else step[:bs]
+    return [(fix.x_train[i], fix.y_train[i]) for i in epoch * fix.epochs + [step[:bs], fresh]]
+
+
+def theirs_from_ours(ref, nets: MetaNets):
+    """Their BNNet / ClampLRNet / inner-loop rates holding our meta-nets' values."""
+    bn = None
+    if nets.bnnet is not None:
+        bn = ref.wn.BNNet(input_size=nets.bnnet.in_features, output_size=nets.bnnet.out_features)
+        bn.load_state_dict(dict(zip(bn.state_dict(), nets.bnnet.net.state_dict().values())))
+    lr = ref.wn.ClampLRNet(input_size=nets.lrnet.in_features, output_size=nets.lrnet.out_features, max_limit=1000.0)
+    lr.load_state_dict(dict(zip(lr.state_dict(), nets.lrnet.net.state_dict().values())))
+    rates = nn.ParameterList([nn.Parameter(v.detach().clone().reshape(1)) for v in nets.lrnet.post_multiplier])
+    return bn, lr, rates
+
+
+def meta_tensors(nets: MetaNets) -> list[Tensor]:
+    """BNNet's weights, LRNet's weights, eta~: their order (named_parameters puts eta~ first)."""
+    bn = list(nets.bnnet.parameters()) if nets.bnnet is not None else []
+    return bn + list(nets.lrnet.net.parameters()) + [nets.lrnet.post_multiplier]
+
+
+def meta_step_pair(ref, fix: Fixture, meta_grad: str, setting: str, lookahead: str):
+    """One meta step by each side from the same lambda (setting A, B or C of the docstring).
+    Returns our and their update of lambda per tensor, both validation losses and seconds."""
+    both = setting != "A"
+    nets = new_metanets(fix, use_bnnet=both, fixed_beta=0.0)
+    bn, lr, rates = theirs_from_ours(ref, nets)
+    before = [p.detach().clone() for p in meta_tensors(nets)]
+    inputs, seed = reference_inputs(fix), fix.seed + 17
+    settings = MetaStepSettings(epochs=fix.epochs, batch_size=fix.batch_size, meta_grad=meta_grad, lookahead=lookahead)
+    start = time.perf_counter()
+    ours = meta_step(fix.model, nets, fix.model.state_dict(), inputs, fix.x_train, fix.y_train, fix.x_val, fix.y_val,
+                     settings, seed)
+    our_seconds = time.perf_counter() - start
+    twin = kld_twin(ref, fix.model, momentum=0.0 if setting == "B" else 0.1)
+    if setting == "B":  # their eval-mode statistics := our client statistics
+        set_running(ref, twin, inputs.bn_stats)
+    meta_nets = {"bn_net": bn, "lr_net": lr} if both else {"lr_net": lr}
+    schedule = our_schedule(fix, seed)
+    optimizers = {name: torch.optim.SGD(net.parameters(), lr=1e-3) for name, net in meta_nets.items()}
+    optimizers["learnable_lrs"] = torch.optim.SGD(list(rates), lr=1e-4, momentum=0.0)
+    learnable = (nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d, nn.Linear)
+    start = time.perf_counter()
+    results = ref.client.meta_train(
+        model=ref.client.MAMLwLRs(twin, rates, first_order=True), meta_nets=meta_nets,
+        meta_nets_config={"lr_net": types.SimpleNamespace(mode="layerwise")}, rnd_train_meta_nets=list(meta_nets),
+        train_dataloader=ScriptedLoader(fix.x_train, fix.y_train, fix.batch_size, schedule, 1 + both),
+        val_dataloader=[(fix.x_val, fix.y_val)], augment_validation=False,
+        data_class=types.SimpleNamespace(jit_augment=lambda x: x, jit_normalize=lambda x: x),
+        optimizers=optimizers, outer_loop_batches=1, inner_loop_batches=len(schedule) - 1, device="cpu",
+        clamp_outer_gradients=1.0, round=1, meta_algorithm=meta_grad.upper(), lr_net_name="lr_net",
+        hypergrad=ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3), inner_loop_lrs=rates,
+        learnable_modules=learnable, fixed_beta=None if both else 0)
+    their_seconds = time.perf_counter() - start
+    after = [*(bn.parameters() if both else []), *lr.parameters(), torch.cat(list(rates))]
+    return ([p.detach() - b for p, b in zip(meta_tensors(nets), before)],
+            [p.detach() - b for p, b in zip(after, before)],
+            ours["val_loss"], results["fed_query_loss"], our_seconds, their_seconds)
+
+
+# ------------------------------------------------------------------ driver
+def compare(ref, fix: Fixture) -> dict[str, float]:
+    """Every component's max relative difference on one fixture (see the module docstring)."""
+    out: dict[str, float] = {}
+    betas = random_betas(fix.model, fix.seed)
+    for source, name in (("batch", "batch statistics"), ("client", "fixed statistics")):
+        o, t = mixing_ours(fix, betas, source), mixing_theirs(ref, fix, betas, source)
+        out[f"BN mixing, {name}: output"], out[f"BN mixing, {name}: d/d beta"] = rel(o[0], t[0]), rel(o[1], t[1])
+    kl_t, lr_t = features_theirs(ref, fix)
+    kl_o, lr_o = features_ours(fix)
+    ref_in = reference_inputs(fix)
+    out["KL per BN layer (ours: population variance)"] = rel(kl_o, kl_t)
+    out["KL per BN layer (unbiased=True)"] = rel(ref_in.kl, kl_t)
+    out["layer input mean/SD (ours: population SD)"] = rel(lr_o, lr_t)
+    out["layer input mean/SD (unbiased=True, eps=1e-5)"] = rel(ref_in.lr_features, lr_t)
+    bn_o, lr_net_o = metanets_ours(fix, fix.seed)
+    bn_t, lr_net_t = metanets_theirs(ref, bn_o, lr_net_o, fix.seed)
+    out["meta-net initial weights, same seed"] = worst([*zip(bn_o.parameters(), bn_t.parameters()),
+                                                        *zip(lr_net_o.net.parameters(), lr_net_t.parameters())])
+    for scale in (1.0, 300.0):  # x300 drives some outputs past the clamp (straight-through gradient)
+        for label, (a, b, x) in {"BNNet": (bn_o, bn_t, kl_t), "LRNet": (lr_net_o, lr_net_t, lr_t)}.items():
+            (oo, og), (to, tg) = net_forward(a, scale * x), net_forward(b, scale * x)
+            out[f"{label} forward, inputs x{scale:g}: output"] = rel(oo, to)
+            out[f"{label} forward, inputs x{scale:g}: d/d weights"] = worst(zip(og, tg))
+    out["IFT hypergradient (implicit term)"] = worst(zip(*hypergradients(ref, fix)))
+    fixtures = {"A": fix, "B": input_bn_fixture(fix), "C": fix}
+    for setting, f in fixtures.items():
+        for meta_grad in ("ift", "fomaml"):
+            for lookahead in (("exact",) if setting == "A" else ("exact", "first_order")):
+                tag = f"meta step {setting}, {meta_grad.upper()}, look-ahead {lookahead}"
+                o, t, vo, vt, so, st = meta_step_pair(ref, f, meta_grad, setting, lookahead)
+                out[f"{tag}: update of lambda"] = worst(zip(o, t))
+                out[f"{tag}: validation loss"] = abs(vo - vt) / abs(vt)
+                out[f"{tag}: seconds ours / theirs"] = so / st
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ref", required=True, help="a checkout of github.com/royson/fedl2p")
+    parser.add_argument("--learn2learn", help="learn2learn's source tree, if it is not importable")
+    parser.add_argument("--setting", choices=("tiny", "fmnist"), default="tiny")
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--client", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--float32", action="store_true", help="run in float32 (default: float64, see the docstring)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32 if args.float32 else torch.float64)  # their buffers follow it too
+    ref = load_reference(args.ref, args.learn2learn)
+    rows: dict[str, list[float]] = {}
+    for seed in args.seeds:
+        fix = tiny_fixture(seed) if args.setting == "tiny" else fmnist_fixture(args.data_root, seed, args.client)
+        for name, value in compare(ref, fix).items():
+            rows.setdefault(name, []).append(value)
+    print(f"FedL2P parity against royson/fedl2p@{REFERENCE_COMMIT[:12]}, setting {args.setting}, seeds {args.seeds}, "
+          f"{torch.get_default_dtype()}")
+    print("max relative difference |ours - theirs| / max |theirs| (per seed); 'seconds' rows: the time ratio")
+    width = max(map(len, rows))
+    for name, values in rows.items():
+        print(f"  {name:<{width}}  " + "  ".join(f"{v:9.2e}" if "seconds" not in name else f"{v:9.2f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()
