@@ -39,6 +39,9 @@ become personal, never the schedule:
 - the server sums the global entries and divides by their count (weights 1, not 1/K: the same
   mean, rounded as the reference rounds it; benchmarks/parity/fedselect.py shows the two runs
   then agree bit for bit, and that a last-bit difference here grows into different masks).
+Not reproduced (DESIGN.md's pitfalls of the reference): after its first evaluation the reference
+trains in eval mode, and it runs the personal pass even when nothing is personal; both matter only
+for BatchNorm or dropout (its running statistics), so the parity runs use LeNet, which has neither.
 """
 from __future__ import annotations
 
