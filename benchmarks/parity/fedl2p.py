@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fl_core.fedl2p.bn_mixing import bn_layers, bn_mixing, client_bn_stats  # noqa: E402
 from fl_core.fedl2p.hypergrad import ift_hypergradient  # noqa: E402
 from fl_core.fedl2p.metanets import bn_kl_features, bnnet, layer_input_stats, lrnet, lrnet_input  # noqa: E402
-from fl_core.fedl2p.personalize import (ClientInputs, MetaNets, MetaStepSettings, client_inputs,  # noqa: E402
+from fl_core.fedl2p.personalize import (ClientInputs, MetaNets, MetaStepSettings,  # noqa: E402
                                         fine_tune, meta_step, split_state)
 from fl_core.models import build_model  # noqa: E402
 
@@ -225,116 +225,108 @@ def batches(x: Tensor, y: Tensor, size: int) -> list[tuple[Tensor, Tensor]]:
     return [(x[i:i + size], y[i:i + size]) for i in range(0, x.shape[0], size)]
 
 
-# ------------------------------------------------------------------ components 1-4
-def random_betas(model: nn.Module, seed: int) -> Tensor:
-    return 0.2 + 0.6 * torch.rand(len(bn_layers(model)), generator=torch.Generator().manual_seed(seed))
-
-
-def mixing_ours(fix: Fixture, betas: Tensor, source: str) -> tuple[Tensor, Tensor]:
-    """Logits on x_val under the mix, and d(logits . w)/d beta (w seeded)."""
-    betas = betas.clone().requires_grad_(True)
-    stats = client_bn_stats(fix.model, fix.x_train) if source == "client" else None
-    with bn_mixing(fix.model, betas, stats, source):
-        out = fix.model(fix.x_val)
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
-    return out.detach(), torch.autograd.grad((out * w).sum(), betas)[0]
-
-
-def mixing_theirs(ref, fix: Fixture, betas: Tensor, source: str) -> tuple[Tensor, Tensor]:
-    twin = kld_twin(ref, fix.model)
-    betas = betas.clone().requires_grad_(True)
-    if source == "client":
-        set_running(ref, twin, client_bn_stats(fix.model, fix.x_train))
-        twin.eval()
+# ------------------------------------------------------------------ the components, either side
+# Each takes `ref` (their modules: their side) or None (our side) and returns tensors.
+def mixing(fix: Fixture, source: str, ref=None) -> tuple[Tensor, Tensor]:
+    """Logits on x_val under the beta-mix (seeded beta), and d(logits . w)/d beta."""
+    betas = (0.2 + 0.6 * torch.rand(len(bn_layers(fix.model)), generator=torch.Generator().manual_seed(fix.seed)))
+    betas.requires_grad_(True)
+    stats = client_bn_stats(fix.model, fix.x_train)
+    if ref is None:
+        with bn_mixing(fix.model, betas, stats if source == "client" else None, source):
+            out = fix.model(fix.x_val)
     else:
-        twin.train()
-    ref.mu.set_kld_beta(twin, betas)
-    out = twin(fix.x_val)
+        twin = kld_twin(ref, fix.model)
+        if source == "client":
+            set_running(ref, twin, stats)
+        twin.train(source == "batch")
+        ref.mu.set_kld_beta(twin, betas)
+        out = twin(fix.x_val)
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     return out.detach(), torch.autograd.grad((out * w).sum(), betas)[0]
 
 
-def features_ours(fix: Fixture) -> tuple[Tensor, Tensor]:
-    """(BNNet's input [B], LRNet's input [2M]) of the client's training set."""
-    return bn_kl_features(fix.model, fix.x_train), lrnet_input(*layer_input_stats(fix.model, fix.x_train))
-
-
-def features_theirs(ref, fix: Fixture) -> tuple[Tensor, Tensor]:
+def features(fix: Fixture, ref=None, estimators: str = "reference") -> tuple[Tensor, Tensor]:
+    """(BNNet's input [B], LRNet's input [2M]); ours with the authors' estimators or ours ("ours")."""
+    if ref is None:
+        unbiased = estimators == "reference"
+        means, sds = layer_input_stats(fix.model, fix.x_train, unbiased=unbiased, eps=1e-5 if unbiased else 0.0)
+        return bn_kl_features(fix.model, fix.x_train, unbiased=unbiased), lrnet_input(means, sds)
     twin, loader = kld_twin(ref, fix.model), batches(fix.x_train, fix.y_train, fix.batch_size)
-    learnable = (nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d, nn.Linear)
     kl = ref.mu.precompute_kld(twin, loader, None, "cpu").reshape(-1).flip(0)  # theirs: last layer first
-    stats = ref.mu.precompute_feat_stats(twin, learnable, loader, None, "cpu", "layerwise").reshape(-1)
+    stats = ref.mu.precompute_feat_stats(twin, learnable(ref), loader, None, "cpu", "layerwise").reshape(-1)
     return kl, stats
 
 
-def metanets_ours(fix: Fixture, seed: int) -> tuple[nn.Module, nn.Module]:
-    num_bn, tensors = len(bn_layers(fix.model)), len(list(fix.model.parameters()))
-    layers = sum(1 for m in fix.model.modules() if any(True for _ in m.parameters(recurse=False)))
-    torch.manual_seed(seed)
-    bn = bnnet(num_bn)
-    torch.manual_seed(seed + 1)
-    return bn, lrnet(layers, tensors, fix.lr)
+def learnable(ref) -> tuple:
+    return nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d, nn.Linear
 
 
-def metanets_theirs(ref, bn_ours: nn.Module, lr_ours: nn.Module, seed: int) -> tuple[nn.Module, nn.Module]:
-    """Their BNNet and ClampLRNet built and initialised as their client does (cifar_fedl2p.yaml)."""
-    torch.manual_seed(seed)
-    bn = ref.wn.BNNet(input_size=bn_ours.in_features, output_size=bn_ours.out_features)
-    bn.apply(lambda m: ref.wn.weights_init(m, 0.1, 0.5))
-    torch.manual_seed(seed + 1)
-    lr = ref.wn.ClampLRNet(input_size=lr_ours.in_features, output_size=lr_ours.out_features, max_limit=1000.0)
-    lr.apply(lambda m: ref.wn.weights_init(m, 0.1, 1.0))
-    return bn, lr
-
-
-def net_forward(net: nn.Module, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-    out = net(x.reshape(1, -1)).reshape(-1)
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(11))
-    params = [p for n, p in net.named_parameters() if n != "post_multiplier"]  # eta~ is not in the forward
-    return out.detach(), list(torch.autograd.grad((out * w).sum(), params))
+def metanet_forwards(fix: Fixture, ref=None, scale: float = 1.0) -> list[Tensor]:
+    """BNNet and LRNet, each built from its seed as the side's code does (theirs: BNNet and
+    ClampLRNet with cifar_fedl2p.yaml's init), on the (authors') inputs times `scale`: initial
+    weights, outputs, and d(output . w)/d weights."""
+    kl, stats = features(fix)
+    num_bn, layers = kl.numel(), stats.numel() // 2
+    tensors = len(list(fix.model.parameters()))
+    out = []
+    for seed, x, build in ((fix.seed, kl, "bn"), (fix.seed + 1, stats, "lr")):
+        torch.manual_seed(seed)
+        if ref is None:
+            net = bnnet(num_bn) if build == "bn" else lrnet(layers, tensors, fix.lr)
+            params = list(net.net.parameters())
+        else:
+            net = (ref.wn.BNNet(input_size=num_bn, output_size=num_bn) if build == "bn"
+                   else ref.wn.ClampLRNet(input_size=2 * layers, output_size=tensors, max_limit=1000.0))
+            net.apply(lambda m: ref.wn.weights_init(m, 0.1, 0.5 if build == "bn" else 1.0))
+            params = list(net.parameters())
+        y = net((scale * x).reshape(1, -1)).reshape(-1)
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(11))
+        out += [p.detach().clone() for p in params] + [y.detach()]
+        out += list(torch.autograd.grad((y * w).sum(), params))
+    return out
 
 
 def reference_inputs(fix: Fixture) -> ClientInputs:
     """Our ClientInputs with the authors' estimators (unbiased variances, eps in the SD)."""
-    means, sds = layer_input_stats(fix.model, fix.x_train, unbiased=True, eps=1e-5)
-    return ClientInputs(client_bn_stats(fix.model, fix.x_train),
-                        bn_kl_features(fix.model, fix.x_train, unbiased=True), lrnet_input(means, sds))
+    kl, stats = features(fix)
+    return ClientInputs(client_bn_stats(fix.model, fix.x_train), kl, stats)
 
 
-def new_metanets(fix: Fixture, use_bnnet: bool = True, fixed_beta: float = 1.0) -> MetaNets:
+def new_metanets(fix: Fixture, use_bnnet: bool = True) -> MetaNets:
     torch.manual_seed(fix.seed + 5)
-    return MetaNets(fix.model, fix.lr, use_bnnet=use_bnnet, fixed_beta=fixed_beta)
+    return MetaNets(fix.model, fix.lr, use_bnnet=use_bnnet, fixed_beta=0.0)
 
 
-def lookahead_graph(fix: Fixture, nets: MetaNets, inputs: ClientInputs):
-    """(L_T, L_V, theta') as in meta_step (steps 1-3): e epochs, then the tracked look-ahead step."""
-    policy = nets.policy(inputs)
+def meta_tensors(nets: MetaNets) -> list[Tensor]:
+    """BNNet's weights, LRNet's weights, eta~: their order (named_parameters puts eta~ first)."""
+    bn = list(nets.bnnet.parameters()) if nets.bnnet is not None else []
+    return bn + list(nets.lrnet.net.parameters()) + [nets.lrnet.post_multiplier]
+
+
+def hypergradient(fix: Fixture, ref=None) -> list[Tensor]:
+    """The IFT term -p . d(grad L_T)/d lambda (Q = 3, psi = 0.1, paper scale, no clip) for every
+    meta tensor, on the graph of meta_step's steps 1-3 (e epochs, then a tracked look-ahead step)."""
+    nets, inputs = new_metanets(fix), reference_inputs(fix)
+    policy, bs = nets.policy(inputs), fix.batch_size
     tuned = fine_tune(fix.model, fix.model.state_dict(), fix.x_train, fix.y_train, policy, inputs.bn_stats,
-                      epochs=fix.epochs, batch_size=fix.batch_size, seed=fix.seed)
+                      epochs=fix.epochs, batch_size=bs, seed=fix.seed)
     params, buffers = split_state(fix.model, tuned)
     leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
-    bs = fix.batch_size
     with bn_mixing(fix.model, policy.betas, inputs.bn_stats):
         def loss(p, x, y):
             return F.cross_entropy(functional_call(fix.model, (p, buffers), (x,)), y)
         grads = torch.autograd.grad(loss(leaves, fix.x_train[:bs], fix.y_train[:bs]), list(leaves.values()))
         looked = {n: leaves[n] - policy.lrs[n] * g for n, g in zip(leaves, grads)}
-        return loss(looked, fix.x_train[bs:2 * bs], fix.y_train[bs:2 * bs]), loss(looked, fix.x_val, fix.y_val), looked
+        train, val = loss(looked, fix.x_train[bs:2 * bs], fix.y_train[bs:2 * bs]), loss(looked, fix.x_val, fix.y_val)
+    meta = meta_tensors(nets)
+    if ref is None:
+        return ift_hypergradient(train, val, looked, meta, steps=3, psi=0.1, scale="paper", clip=None,
+                                 direct=[False] * len(meta))
+    return ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3).grad(val, train, meta, list(looked.values()))
 
 
-def hypergradients(ref, fix: Fixture) -> tuple[list[Tensor], list[Tensor]]:
-    """The implicit IFT term for every meta-parameter, ours and theirs, on graphs built alike."""
-    nets = new_metanets(fix)
-    inputs, meta = reference_inputs(fix), list(nets.parameters())
-    train, val, looked = lookahead_graph(fix, nets, inputs)
-    ours = ift_hypergradient(train, val, looked, meta, steps=3, psi=0.1, scale="paper", clip=None,
-                             direct=[False] * len(meta))
-    train, val, looked = lookahead_graph(fix, nets, inputs)
-    theirs = ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3).grad(val, train, meta, list(looked.values()))
-    return ours, theirs
-
-
-# ------------------------------------------------------------------ component 5: one meta step
+# ------------------------------------------------------------------ one meta step
 class ScriptedLoader:
     """A 'DataLoader' for their meta_train: the first `stats_passes` iterations are the client's
     training set in chunks (their precompute_* passes), later ones the given batch schedule."""
@@ -354,103 +346,102 @@ def our_schedule(fix: Fixture, seed: int) -> list:
     then L_T's batch (the next one, or the look-ahead batch again when there is none)."""
     n, bs = fix.x_train.shape[0], fix.batch_size
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    epoch = [order[i:i + bs] for i in range(0, n, bs)]
     step = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1))
     fresh = step[bs:2 * bs] if n > bs else step[:bs]
+    epoch = [order[i:i + bs] for i in range(0, n, bs)]
     return [(fix.x_train[i], fix.y_train[i]) for i in epoch * fix.epochs + [step[:bs], fresh]]
 
 
-def theirs_from_ours(ref, nets: MetaNets):
-    """Their BNNet / ClampLRNet / inner-loop rates holding our meta-nets' values."""
-    bn = None
-    if nets.bnnet is not None:
-        bn = ref.wn.BNNet(input_size=nets.bnnet.in_features, output_size=nets.bnnet.out_features)
-        bn.load_state_dict(dict(zip(bn.state_dict(), nets.bnnet.net.state_dict().values())))
-    lr = ref.wn.ClampLRNet(input_size=nets.lrnet.in_features, output_size=nets.lrnet.out_features, max_limit=1000.0)
-    lr.load_state_dict(dict(zip(lr.state_dict(), nets.lrnet.net.state_dict().values())))
-    rates = nn.ParameterList([nn.Parameter(v.detach().clone().reshape(1)) for v in nets.lrnet.post_multiplier])
-    return bn, lr, rates
-
-
-def meta_tensors(nets: MetaNets) -> list[Tensor]:
-    """BNNet's weights, LRNet's weights, eta~: their order (named_parameters puts eta~ first)."""
-    bn = list(nets.bnnet.parameters()) if nets.bnnet is not None else []
-    return bn + list(nets.lrnet.net.parameters()) + [nets.lrnet.post_multiplier]
-
-
-def meta_step_pair(ref, fix: Fixture, meta_grad: str, setting: str, lookahead: str):
-    """One meta step by each side from the same lambda (setting A, B or C of the docstring).
-    Returns our and their update of lambda per tensor, both validation losses and seconds."""
-    both = setting != "A"
-    nets = new_metanets(fix, use_bnnet=both, fixed_beta=0.0)
-    bn, lr, rates = theirs_from_ours(ref, nets)
-    before = [p.detach().clone() for p in meta_tensors(nets)]
-    inputs, seed = reference_inputs(fix), fix.seed + 17
-    settings = MetaStepSettings(epochs=fix.epochs, batch_size=fix.batch_size, meta_grad=meta_grad, lookahead=lookahead)
+def meta_step_of(fix: Fixture, setting: str, meta_grad: str, lookahead: str = "exact", ref=None):
+    """One meta step from the same lambda (setting A, B or C of the docstring; B's fixture is
+    `input_bn_fixture(fix)`): (the update of lambda per tensor, the validation loss, seconds)."""
+    both, seed = setting != "A", fix.seed + 17
+    nets = new_metanets(fix, use_bnnet=both)
+    before, inputs = [p.detach().clone() for p in meta_tensors(nets)], reference_inputs(fix)
     start = time.perf_counter()
-    ours = meta_step(fix.model, nets, fix.model.state_dict(), inputs, fix.x_train, fix.y_train, fix.x_val, fix.y_val,
-                     settings, seed)
-    our_seconds = time.perf_counter() - start
-    twin = kld_twin(ref, fix.model, momentum=0.0 if setting == "B" else 0.1)
-    if setting == "B":  # their eval-mode statistics := our client statistics
-        set_running(ref, twin, inputs.bn_stats)
-    meta_nets = {"bn_net": bn, "lr_net": lr} if both else {"lr_net": lr}
-    schedule = our_schedule(fix, seed)
-    optimizers = {name: torch.optim.SGD(net.parameters(), lr=1e-3) for name, net in meta_nets.items()}
-    optimizers["learnable_lrs"] = torch.optim.SGD(list(rates), lr=1e-4, momentum=0.0)
-    learnable = (nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, ref.mu.KLDBatchNorm1d, ref.mu.KLDBatchNorm2d, nn.Linear)
-    start = time.perf_counter()
-    results = ref.client.meta_train(
-        model=ref.client.MAMLwLRs(twin, rates, first_order=True), meta_nets=meta_nets,
-        meta_nets_config={"lr_net": types.SimpleNamespace(mode="layerwise")}, rnd_train_meta_nets=list(meta_nets),
-        train_dataloader=ScriptedLoader(fix.x_train, fix.y_train, fix.batch_size, schedule, 1 + both),
-        val_dataloader=[(fix.x_val, fix.y_val)], augment_validation=False,
-        data_class=types.SimpleNamespace(jit_augment=lambda x: x, jit_normalize=lambda x: x),
-        optimizers=optimizers, outer_loop_batches=1, inner_loop_batches=len(schedule) - 1, device="cpu",
-        clamp_outer_gradients=1.0, round=1, meta_algorithm=meta_grad.upper(), lr_net_name="lr_net",
-        hypergrad=ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3), inner_loop_lrs=rates,
-        learnable_modules=learnable, fixed_beta=None if both else 0)
-    their_seconds = time.perf_counter() - start
-    after = [*(bn.parameters() if both else []), *lr.parameters(), torch.cat(list(rates))]
-    return ([p.detach() - b for p, b in zip(meta_tensors(nets), before)],
-            [p.detach() - b for p, b in zip(after, before)],
-            ours["val_loss"], results["fed_query_loss"], our_seconds, their_seconds)
+    if ref is None:
+        settings = MetaStepSettings(fix.epochs, fix.batch_size, meta_grad=meta_grad, lookahead=lookahead)
+        val_loss = meta_step(fix.model, nets, fix.model.state_dict(), inputs, fix.x_train, fix.y_train, fix.x_val,
+                             fix.y_val, settings, seed)["val_loss"]
+        after = meta_tensors(nets)
+    else:  # their nets hold our initial values; their eval-mode statistics are ours in setting B
+        bn = ref.wn.BNNet(input_size=nets.bnnet.in_features, output_size=nets.bnnet.out_features) if both else None
+        lr = ref.wn.ClampLRNet(input_size=nets.lrnet.in_features, output_size=nets.lrnet.out_features, max_limit=1e3)
+        for theirs, ours in ((bn, nets.bnnet), (lr, nets.lrnet)):
+            if ours is not None:
+                theirs.load_state_dict(dict(zip(theirs.state_dict(), ours.net.state_dict().values())))
+        rates = nn.ParameterList([nn.Parameter(v.detach().clone().reshape(1)) for v in nets.lrnet.post_multiplier])
+        twin = kld_twin(ref, fix.model, momentum=0.0 if setting == "B" else 0.1)
+        if setting == "B":
+            set_running(ref, twin, inputs.bn_stats)
+        meta_nets = {"bn_net": bn, "lr_net": lr} if both else {"lr_net": lr}
+        optimizers = {name: torch.optim.SGD(net.parameters(), lr=1e-3) for name, net in meta_nets.items()}
+        optimizers["learnable_lrs"] = torch.optim.SGD(list(rates), lr=1e-4, momentum=0.0)
+        schedule = our_schedule(fix, seed)
+        val_loss = ref.client.meta_train(
+            model=ref.client.MAMLwLRs(twin, rates, first_order=True), meta_nets=meta_nets,
+            meta_nets_config={"lr_net": types.SimpleNamespace(mode="layerwise")}, rnd_train_meta_nets=list(meta_nets),
+            train_dataloader=ScriptedLoader(fix.x_train, fix.y_train, fix.batch_size, schedule, 1 + both),
+            val_dataloader=[(fix.x_val, fix.y_val)], augment_validation=False,
+            data_class=types.SimpleNamespace(jit_augment=lambda x: x, jit_normalize=lambda x: x),
+            optimizers=optimizers, outer_loop_batches=1, inner_loop_batches=len(schedule) - 1, device="cpu",
+            clamp_outer_gradients=1.0, round=1, meta_algorithm=meta_grad.upper(), lr_net_name="lr_net",
+            hypergrad=ref.cu.Hypergrad(learning_rate=0.1, truncate_iter=3), inner_loop_lrs=rates,
+            learnable_modules=learnable(ref), fixed_beta=None if both else 0)["fed_query_loss"]
+        after = [*(bn.parameters() if both else []), *lr.parameters(), torch.cat(list(rates))]
+    seconds = time.perf_counter() - start
+    return [a.detach() - b for a, b in zip(after, before)], float(val_loss), seconds
 
 
 # ------------------------------------------------------------------ driver
+STEPS = [(s, g, la) for s in "ABC" for g in ("ift", "fomaml") for la in ("exact", "first_order")
+         if s != "A" or la == "exact"]
+
+
+def fixture_for(fix: Fixture, setting: str) -> Fixture:
+    return input_bn_fixture(fix) if setting == "B" else fix
+
+
 def compare(ref, fix: Fixture) -> dict[str, float]:
     """Every component's max relative difference on one fixture (see the module docstring)."""
     out: dict[str, float] = {}
-    betas = random_betas(fix.model, fix.seed)
-    for source, name in (("batch", "batch statistics"), ("client", "fixed statistics")):
-        o, t = mixing_ours(fix, betas, source), mixing_theirs(ref, fix, betas, source)
-        out[f"BN mixing, {name}: output"], out[f"BN mixing, {name}: d/d beta"] = rel(o[0], t[0]), rel(o[1], t[1])
-    kl_t, lr_t = features_theirs(ref, fix)
-    kl_o, lr_o = features_ours(fix)
-    ref_in = reference_inputs(fix)
-    out["KL per BN layer (ours: population variance)"] = rel(kl_o, kl_t)
-    out["KL per BN layer (unbiased=True)"] = rel(ref_in.kl, kl_t)
-    out["layer input mean/SD (ours: population SD)"] = rel(lr_o, lr_t)
-    out["layer input mean/SD (unbiased=True, eps=1e-5)"] = rel(ref_in.lr_features, lr_t)
-    bn_o, lr_net_o = metanets_ours(fix, fix.seed)
-    bn_t, lr_net_t = metanets_theirs(ref, bn_o, lr_net_o, fix.seed)
-    out["meta-net initial weights, same seed"] = worst([*zip(bn_o.parameters(), bn_t.parameters()),
-                                                        *zip(lr_net_o.net.parameters(), lr_net_t.parameters())])
-    for scale in (1.0, 300.0):  # x300 drives some outputs past the clamp (straight-through gradient)
-        for label, (a, b, x) in {"BNNet": (bn_o, bn_t, kl_t), "LRNet": (lr_net_o, lr_net_t, lr_t)}.items():
-            (oo, og), (to, tg) = net_forward(a, scale * x), net_forward(b, scale * x)
-            out[f"{label} forward, inputs x{scale:g}: output"] = rel(oo, to)
-            out[f"{label} forward, inputs x{scale:g}: d/d weights"] = worst(zip(og, tg))
-    out["IFT hypergradient (implicit term)"] = worst(zip(*hypergradients(ref, fix)))
-    fixtures = {"A": fix, "B": input_bn_fixture(fix), "C": fix}
-    for setting, f in fixtures.items():
-        for meta_grad in ("ift", "fomaml"):
-            for lookahead in (("exact",) if setting == "A" else ("exact", "first_order")):
-                tag = f"meta step {setting}, {meta_grad.upper()}, look-ahead {lookahead}"
-                o, t, vo, vt, so, st = meta_step_pair(ref, f, meta_grad, setting, lookahead)
-                out[f"{tag}: update of lambda"] = worst(zip(o, t))
-                out[f"{tag}: validation loss"] = abs(vo - vt) / abs(vt)
-                out[f"{tag}: seconds ours / theirs"] = so / st
+    for source in ("batch", "client"):
+        (oo, og), (to, tg) = mixing(fix, source), mixing(fix, source, ref)
+        out[f"BN mixing, {source} statistics: output"], out[f"BN mixing, {source} statistics: d/d beta"] = \
+            rel(oo, to), rel(og, tg)
+    theirs = features(fix, ref)
+    for estimators in ("ours", "reference"):
+        ours = features(fix, estimators=estimators)
+        out[f"KL per BN layer, {estimators} estimators"] = rel(ours[0], theirs[0])
+        out[f"layer input mean/SD, {estimators} estimators"] = rel(ours[1], theirs[1])
+    for scale in (1.0, 300.0):  # x300 drives outputs past the clamp (straight-through gradient)
+        out[f"meta-nets: init, output, gradient (inputs x{scale:g})"] = worst(zip(
+            metanet_forwards(fix, scale=scale), metanet_forwards(fix, ref, scale)))
+    out["IFT hypergradient (implicit term)"] = worst(zip(hypergradient(fix), hypergradient(fix, ref)))
+    theirs_of = {}
+    for setting, meta_grad, lookahead in STEPS:
+        f = fixture_for(fix, setting)
+        if (setting, meta_grad) not in theirs_of:
+            theirs_of[setting, meta_grad] = meta_step_of(f, setting, meta_grad, ref=ref)
+        ours, theirs = meta_step_of(f, setting, meta_grad, lookahead), theirs_of[setting, meta_grad]
+        tag = f"meta step {setting}, {meta_grad.upper()}, our look-ahead {lookahead}"
+        out[f"{tag}: update of lambda"] = worst(zip(ours[0], theirs[0]))
+        out[f"{tag}: validation loss"] = abs(ours[1] - theirs[1]) / abs(theirs[1])
+        out[f"{tag}: seconds ours / theirs"] = ours[2] / theirs[2]
+    return out
+
+
+def pins(fix: Fixture, ref=None) -> dict[str, list[float]]:
+    """The numbers tests/test_parity_fedl2p.py pins (theirs with `ref`, else ours): per tensor
+    its sum and its sum of squares, so that a change anywhere in a tensor shows."""
+    def summary(tensors):
+        return [v for t in tensors for v in (float(t.sum()), float((t * t).sum()))]
+    out = {f"mixing {s}": summary(mixing(fix, s, ref)) for s in ("batch", "client")}
+    out |= {"features": summary(features(fix, ref)), "metanets": summary(metanet_forwards(fix, ref, 300.0)),
+            "hypergradient": summary(hypergradient(fix, ref))}
+    for setting, meta_grad in (("A", "ift"), ("A", "fomaml"), ("B", "ift"), ("B", "fomaml")):
+        step = meta_step_of(fixture_for(fix, setting), setting, meta_grad, "first_order", ref)
+        out[f"meta step {setting} {meta_grad}"] = summary(step[0]) + [step[1]]
     return out
 
 
@@ -463,10 +454,15 @@ def main() -> None:
     parser.add_argument("--client", type=int, default=0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--float32", action="store_true", help="run in float32 (default: float64, see the docstring)")
+    parser.add_argument("--pins", action="store_true", help="print the reference's numbers for the test (tiny, seed 0)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32 if args.float32 else torch.float64)  # their buffers follow it too
     ref = load_reference(args.ref, args.learn2learn)
+    if args.pins:
+        for name, values in pins(tiny_fixture(0), ref).items():
+            print(f"    {name!r}: {values!r},")
+        return
     rows: dict[str, list[float]] = {}
     for seed in args.seeds:
         fix = tiny_fixture(seed) if args.setting == "tiny" else fmnist_fixture(args.data_root, seed, args.client)
@@ -474,10 +470,10 @@ def main() -> None:
             rows.setdefault(name, []).append(value)
     print(f"FedL2P parity against royson/fedl2p@{REFERENCE_COMMIT[:12]}, setting {args.setting}, seeds {args.seeds}, "
           f"{torch.get_default_dtype()}")
-    print("max relative difference |ours - theirs| / max |theirs| (per seed); 'seconds' rows: the time ratio")
+    print("max |ours - theirs| / max |theirs| per seed ('seconds' rows: our time / theirs, same process)")
     width = max(map(len, rows))
     for name, values in rows.items():
-        print(f"  {name:<{width}}  " + "  ".join(f"{v:9.2e}" if "seconds" not in name else f"{v:9.2f}" for v in values))
+        print(f"  {name:<{width}}  " + "  ".join(f"{v:9.2f}" if "seconds" in name else f"{v:9.2e}" for v in values))
 
 
 if __name__ == "__main__":
