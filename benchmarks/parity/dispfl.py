@@ -1,39 +1,29 @@
 """Parity of our DisPFL (fl_core/algorithms/dispfl.py) with the authors' code, rong-dai/DisPFL
 (measured against commit e2f47d4a78c276f5f90396b25d8b9ed6141a9262).
 
-Their code is imported from a local checkout (`--ref`) and run unmodified; it is adapted from the
-outside only: it gets our clients as in-memory batch feeds, our initial weights, a silent logger,
-and runs on the CPU. Nothing of it is copied here.
-
-1. Components on identical inputs (relative differences printed):
-   * ERK densities per tensor (their `calculate_sparsities` vs our `layer_densities`),
-   * initial mask counts (their `init_masks` vs our clients' masks),
-   * one mask-search step on one client's trained weights: prune and regrow counts and the pruned
-     entries (their `Client.fire_mask` + `regrow_mask` vs our `search_mask`), and the prune count
-     of every round of the schedule,
-   * one round of aggregation on the same models, sent masks and new masks (their
-     `_aggregate_func` vs our `mix_neighbours`).
-2. Whole runs, alternating round by round in one process: our Simulation runs a round, then their
-   `dispflAPI.train()` (in a worker thread, paused at each round start through its logger) runs
-   the same round. Both get the same Fashion-MNIST Dir(0.3) clients (ours), the same initial
-   weights, the same batch order per (round, client, epoch), density 0.5 ERK, random regrowth,
-   anneal 0.5, lr 0.1 x 0.998^t, wd 5e-4, 5 local epochs, 5 random neighbours per round.
-   Printed per round: mean client accuracy after local training (theirs: `old_mask_test_acc`),
-   the difference, seconds per round of each (theirs tests every client 3 times a round, ours 2).
-   `--lockstep` also hands their run our initial masks and our neighbour graphs, so that round 1
-   trains the same sparse models; only the random regrowth then draws differently.
+Their code is imported from a checkout (`--ref`) and runs unmodified, adapted from the outside only:
+it gets our clients as in-memory batch feeds, our initial weights and a silent logger, on the CPU.
+1. Components on identical inputs: ERK densities (their `calculate_sparsities`, our
+   `layer_densities`), initial active counts (`init_masks`), one mask search on a trained client
+   (`Client.fire_mask` + `regrow_mask` vs `search_mask`: counts, the pruned entries, and the prune
+   count of every round), one round of aggregation (`_aggregate_func` vs `mix_neighbours`).
+2. Whole runs alternating round by round: our Simulation runs a round, then their
+   `dispflAPI.train()` (a worker thread paused at each round start through its logger) runs it, on
+   the same Fashion-MNIST Dir(0.3) clients, initial weights and batch order per (round, client,
+   epoch); density 0.5 ERK, random regrowth, anneal 0.5, lr 0.1 x 0.998^t, wd 5e-4, 5 local
+   epochs, 5 random neighbours. Printed: mean client accuracy after local training (theirs:
+   `old_mask_test_acc`), the difference, seconds per round (they test each client 3 times a
+   round, we twice). `--lockstep` also gives their run our initial masks and neighbour graphs.
 
     git clone https://github.com/rong-dai/DisPFL /tmp/DisPFL
     .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL                  # 10 clients, 5 rounds, seed 0
-    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --clients 20 --rounds 40 --seeds 0 1 2  # full
+    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --model lenet --rounds 40 --seeds 0 1 2  # full
     .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --components-only
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import math
 import statistics
 import sys
 import threading
@@ -51,7 +41,7 @@ from fl_core.algorithms import dispfl as ours_dispfl  # noqa: E402
 from fl_core.config import RunConfig  # noqa: E402
 from fl_core.models import build_model  # noqa: E402
 from fl_core.simulation import Simulation  # noqa: E402
-from fl_core.sparse import layer_densities  # noqa: E402
+from fl_core.sparse import anneal_rate, layer_densities  # noqa: E402
 from fl_core.training import derive_seed  # noqa: E402
 
 ROUND_START = "################Communication round"  # what their train() logs as each round begins
@@ -99,7 +89,8 @@ class Feed:
     order our trainer uses for (seed, round, client, epoch), counting their passes."""
 
     def __init__(self, x, y, batch_size, seed=None, k=0, epochs=1):
-        self.x, self.y, self.batch_size, self.seed, self.k, self.epochs, self.passes = x, y, batch_size, seed, k, epochs, 0
+        self.x, self.y, self.batch_size, self.seed, self.k, self.epochs = x, y, batch_size, seed, k, epochs
+        self.passes = 0
 
     def __iter__(self):
         n = len(self.y)
@@ -117,7 +108,8 @@ class Feed:
 
 def reference_dataset(sim: Simulation) -> list:
     cfg, clients = sim.config, sim.data.clients
-    train = {k: Feed(d.x_train, d.y_train, cfg.batch_size, cfg.seed, k, cfg.local_epochs) for k, d in enumerate(clients)}
+    train = {k: Feed(d.x_train, d.y_train, cfg.batch_size, cfg.seed, k, cfg.local_epochs)
+             for k, d in enumerate(clients)}
     test = {k: Feed(d.x_test, d.y_test, 256) for k, d in enumerate(clients)}
     n_train = sum(d.n_train for d in clients)
     return [n_train, sum(d.n_test for d in clients), None, None, {k: d.n_train for k, d in enumerate(clients)},
@@ -125,8 +117,8 @@ def reference_dataset(sim: Simulation) -> list:
 
 
 def reference_model(ref, sim: Simulation, model: str):
-    net = ref.LeNet5(sim.data.num_classes) if model == "ref_lenet5" else build_model("lenet", sim.data.input_shape,
-                                                                                      sim.data.num_classes)
+    shape, classes = sim.data.input_shape, sim.data.num_classes
+    net = ref.LeNet5(classes) if model == "ref_lenet5" else build_model("lenet", shape, classes)
     net.load_state_dict(sim.trainer.model.state_dict())  # our initial weights (the Simulation has not trained yet)
     return net
 
@@ -157,87 +149,85 @@ def rel(a: float, b: float) -> float:
 
 
 # ---------------------------------------------------------------- 1. components
-def compare_components(ref, sim: Simulation) -> dict:
+def compare_components(ref, sim: Simulation) -> None:
     cfg, algo = sim.config, sim.algorithm
-    rargs, log = reference_args(cfg), Log()
-    trainer = ref.Trainer(sim.trainer.model, rargs, log)
+    log = Log()
+    trainer = ref.Trainer(sim.trainer.model, reference_args(cfg), log)
     params = trainer.get_trainable_params()
-    out = {}
-    print("ERK densities (density %.2f) and initial active counts:" % cfg.density)
-    theirs = {n: 1 - float(s) for n, s in trainer.calculate_sparsities(params, sparse=cfg.density).items()}
+    print(f"ERK densities (density {cfg.density}) and initial active counts:")
+    sparsities = trainer.calculate_sparsities(params, sparse=cfg.density)
+    theirs, their_masks = {n: 1 - float(s) for n, s in sparsities.items()}, trainer.init_masks(params, sparsities)
     mine = layer_densities(algo.shapes, cfg.density, "erk")
-    their_masks = trainer.init_masks(params, trainer.calculate_sparsities(params, sparse=cfg.density))
     print(f"  {'tensor':18s} {'theirs':>12s} {'ours':>12s} {'rel.diff':>9s} {'count theirs':>12s} {'ours':>8s}")
     for n in algo.param_names:
         ct, co = int(their_masks[n].sum()), int((~sim.clients[0].mask[n]).sum())
         print(f"  {n:18s} {theirs[n]:12.9f} {mine[n]:12.9f} {rel(mine[n], theirs[n]):9.1e} {ct:12d} {co:8d}")
-    out["erk_max_rel"] = max(rel(mine[n], theirs[n]) for n in mine)
-    out["count_mismatches"] = sum(int(their_masks[n].sum()) != int((~sim.clients[0].mask[n]).sum()) for n in mine)
 
     # one round of local training for every client, then the mask search and the aggregation
-    data = sim.data.clients
     for k, client in enumerate(sim.clients):
-        algo.local_update(k, client, data[k], 1)
+        algo.local_update(k, client, sim.data.clients[k], 1)
     sent = [{n: (~c.mask[n]).float() for n in algo.param_names} for c in sim.clients]
     new = [{n: (~c.extra["next_mask"][n]).float() for n in algo.param_names} for c in sim.clients]
     snapshot = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
-
-    client0 = ref.Client(0, None, None, data[0].n_train, rargs, torch.device("cpu"), trainer, log)
-    recorded = []
-    real_regrow = ours_dispfl.regrow
-    ours_dispfl.regrow = lambda cut, count, gen, scores=None: recorded.append((cut, count)) or real_regrow(cut, count, gen, scores)
-    try:
-        print("Mask search, client 0 after round 1 (prune = regrow counts; pruned entries identical?):")
-        fired, removed = client0.fire_mask({n: m.clone() for n, m in sent[0].items()}, snapshot[0], 0)
-        grown = client0.regrow_mask(fired, removed)
-        recorded.clear()
-        ours_new = algo.search_mask(0, sim.clients[0], data[0], 1, sim.clients[0].mask)
-        same_pruned = 0
-        for n, (cut, count) in zip(algo.param_names, recorded):
-            same = torch.equal(cut, fired[n] == 0)
-            same_pruned += same
-            print(f"  {n:18s} pruned theirs {int(removed[n]):7d} ours {count:7d}   same entries {same}   "
-                  f"active after: theirs {int(grown[n].sum()):7d} ours {int((~ours_new[n]).sum()):7d}")
-        out["pruned_sets_equal"] = f"{same_pruned}/{len(algo.param_names)}"
-        mismatched = 0
-        for t in range(cfg.rounds):  # the prune count of every round of the schedule
-            _, removed = client0.fire_mask({n: m.clone() for n, m in sent[0].items()}, snapshot[0], t)
-            recorded.clear()
-            algo.search_mask(0, sim.clients[0], data[0], t + 1, sim.clients[0].mask)
-            mismatched += sum(int(removed[n]) != c for n, (_, c) in zip(algo.param_names, recorded))
-        out["schedule_count_mismatches"] = mismatched
-        print(f"  prune counts over all {cfg.rounds} rounds x {len(algo.param_names)} tensors: {mismatched} differ")
-    finally:
-        ours_dispfl.regrow = real_regrow
+    compare_mask_search(ref, sim, trainer, sent[0], snapshot[0])
 
     graph = algo.neighbours(1, list(range(cfg.num_clients)))
-    algo.mix_neighbours(sim.clients, data, graph, 1)
-    fake_api = SimpleNamespace(logger=log)
+    algo.mix_neighbours(sim.clients, sim.data.clients, graph, 1)
     worst = 0.0
     for k, others in graph.items():
-        group = np.sort(np.array([*others, k]))
-        theirs_k, _ = ref.API._aggregate_func(fake_api, k, cfg.num_clients, cfg.num_neighbours, group,
-                                               snapshot, new, sent)
+        theirs_k, _ = ref.API._aggregate_func(SimpleNamespace(logger=log), k, cfg.num_clients, cfg.num_neighbours,
+                                               np.sort(np.array([*others, k])), snapshot, new, sent)
         for n in algo.param_names:
             diff = float((sim.clients[k].state[n] - theirs_k[n]).abs().max())
             worst = max(worst, diff / max(float(theirs_k[n].abs().max()), 1e-30))
-    out["aggregation_max_rel"] = worst
     print(f"Aggregation, round 1, {cfg.num_clients} clients: max |ours - theirs| / max |theirs| = {worst:.2e}")
-    return out
+
+
+def compare_mask_search(ref, sim: Simulation, trainer, sent: dict, weights: dict) -> None:
+    """Client 0's mask search on its trained weights: theirs (fire_mask, regrow_mask) and ours
+    (search_mask, whose calls to `regrow` are recorded: the pruned mask and the count)."""
+    cfg, algo, client, data = sim.config, sim.algorithm, sim.clients[0], sim.data.clients[0]
+    theirs = ref.Client(0, None, None, data.n_train, reference_args(cfg), torch.device("cpu"), trainer, Log())
+    recorded, real_regrow = [], ours_dispfl.regrow
+    ours_dispfl.regrow = lambda cut, count, gen, scores=None: (recorded.append((cut, count))
+                                                               or real_regrow(cut, count, gen, scores))
+    try:
+        print("Mask search, client 0 after round 1 (prune = regrow counts; pruned entries identical?):")
+        fired, removed = theirs.fire_mask({n: m.clone() for n, m in sent.items()}, weights, 0)
+        grown = theirs.regrow_mask(fired, removed)
+        recorded.clear()
+        ours_new = algo.search_mask(0, client, data, 1, client.mask)
+        for n, (cut, count) in zip(algo.param_names, recorded):
+            print(f"  {n:18s} pruned theirs {int(removed[n]):7d} ours {count:7d}   same entries "
+                  f"{torch.equal(cut, fired[n] == 0)}   active after: theirs {int(grown[n].sum()):7d} "
+                  f"ours {int((~ours_new[n]).sum()):7d}")
+        mismatched = []
+        for t in range(cfg.rounds):  # the prune count of every round of the schedule
+            _, removed = theirs.fire_mask({n: m.clone() for n, m in sent.items()}, weights, t)
+            recorded.clear()
+            algo.search_mask(0, client, data, t + 1, client.mask)
+            mismatched += [(t, n, int(removed[n]), c) for n, (_, c) in zip(algo.param_names, recorded)
+                           if int(removed[n]) != c]
+    finally:
+        ours_dispfl.regrow = real_regrow
+    print(f"  prune counts over all {cfg.rounds} rounds x {len(algo.param_names)} tensors: {len(mismatched)} differ")
+    for t, n, theirs_count, ours_count in mismatched:
+        active = int(sent[n].sum())
+        print(f"    round {t} (0-based) {n}: theirs {theirs_count} ours {ours_count} (active {active}, "
+              f"rate x active = {anneal_rate(cfg.anneal_factor, t, cfg.rounds) * active!r})")
 
 
 # ---------------------------------------------------------------- 2. whole runs, alternating
 def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
     cfg = our_config(args, seed)
     sim = our_simulation(cfg, ref, args.model)
-    reached, go, done, failure = threading.Semaphore(0), threading.Semaphore(0), threading.Event(), []
+    reached, go, failure = threading.Semaphore(0), threading.Semaphore(0), []
 
     def pause():
         reached.release()
         go.acquire()
 
     log, rargs = Log(on_round=pause), reference_args(cfg)
-    random_state = torch.random.get_rng_state()
     np.random.seed(seed)  # as their main script seeds numpy, torch and random
     torch.manual_seed(seed)
     trainer = ref.Trainer(reference_model(ref, sim, args.model), rargs, log)
@@ -245,7 +235,8 @@ def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
     if args.lockstep:  # our initial masks and our neighbour graphs
         masks = iter([{n: (~c.mask[n]).float() for n in sim.algorithm.param_names} for c in sim.clients])
         trainer.init_masks = lambda params, sparsities: next(masks)
-        api._benefit_choose = lambda rnd, k, *a, **kw: np.array(sim.algorithm.neighbours(rnd, list(range(cfg.num_clients)))[k])
+        everyone = list(range(cfg.num_clients))
+        api._benefit_choose = lambda rnd, k, *a, **kw: np.array(sim.algorithm.neighbours(rnd, everyone)[k])
 
     def work():
         try:
@@ -253,7 +244,6 @@ def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
             failure.append(err)
         finally:
-            done.set()
             reached.release()
 
     worker = threading.Thread(target=work, daemon=True)
@@ -275,7 +265,6 @@ def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
         print(f"  seed {seed} round {r + 1:3d}: ours {ours:.4f} theirs {theirs:.4f} diff {ours - theirs:+.4f}   "
               f"s/round ours {t_ours:6.2f} theirs {t_theirs:6.2f}", flush=True)
     worker.join()
-    torch.random.set_rng_state(random_state)
     return rows
 
 
@@ -331,5 +320,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        main()
+    main()
