@@ -59,6 +59,14 @@ def anneal_rate(initial: float, rnd: int, rounds: int) -> float:
     return initial / 2 * (1 + math.cos(rnd * math.pi / rounds))
 
 
+def prune_count(rate: float, active: int) -> int:
+    """⌈rate · active⌉, DisPFL's entries to prune and regrow in a tensor with `active` live ones.
+    A product that is a whole number up to float rounding counts as that number: at rate
+    0.125 = α₀/2 · (1 + cos(2π/3)) float64 gives 0.125000…02 · 5000 > 625, and the plain ceiling 626
+    (the authors' code, in float32, prunes 625)."""
+    return math.ceil(rate * active - 1e-9)
+
+
 def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
     """Prune `count` more entries: the unpruned ones with the smallest |weight| (`pruned`: True =
     inactive). Exactly `count` (fewer only if fewer are unpruned); ties by flat index, lowest

@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny
 from fl_core.simulation import Simulation
-from fl_core.sparse import anneal_rate, layer_densities, prune_smallest, random_masks, regrow
+from fl_core.sparse import anneal_rate, layer_densities, prune_count, prune_smallest, random_masks, regrow
 from fl_core.topology import active_clients, neighbours
 from fl_core.training import LocalTrainer, SGDSettings
 
@@ -153,3 +153,12 @@ def test_flops_come_from_torchs_counter_per_layer_and_scale_with_density():
     sim = Simulation(tiny(algorithm="dispfl", rounds=1))
     metrics = next(sim.run()).clients[0].metrics
     assert 0.4 < metrics["train_gflops"] / metrics["train_gflops_dense"] < 0.8  # density 0.5 over ERK layers
+
+
+def test_prune_count_is_the_exact_ceiling_when_the_product_is_whole():
+    """At T = 15, round 10 (0-based) the rate is 0.5/2 · (1 + cos(2π/3)) = 1/8 exactly, but float64
+    gives slightly more: the plain ceiling pruned 626 of 5000 where the authors' code prunes 625
+    (benchmarks/parity/dispfl.py against rong-dai/DisPFL e2f47d4)."""
+    rate = anneal_rate(0.5, 10, 15)
+    assert rate * 5000 > 625 and prune_count(rate, 5000) == 625
+    assert prune_count(0.1251, 5000) == 626 and prune_count(0.0, 5000) == 0

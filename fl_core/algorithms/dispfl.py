@@ -48,7 +48,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
-from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_smallest, random_masks, regrow
+from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks, regrow
 from ..topology import TopologyParams
 from ..training import State, derive_seed
 from .base import ClientInfo, LocalStats, Traffic
@@ -142,7 +142,7 @@ class DisPFL(DPSGD):
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, rnd, k, "regrow"))
         new = {}
         for n in self.param_names:
-            count = math.ceil(rate * int((~pruned[n]).sum()))
+            count = prune_count(rate, int((~pruned[n]).sum()))
             cut = prune_smallest(client.state[n], pruned[n], count)
             grown = regrow(cut.cpu(), count, generator, None if scores is None else scores[n].cpu())
             new[n] = grown.to(pruned[n].device)
