@@ -18,7 +18,7 @@ and `meta_step` makes one meta iteration on one client:
      gradient is differentiated too (`lookahead = "exact"`, Eq. 10 as written: θ' depends on β
      also through ∇L_T); the authors' code takes it as a constant (learn2learn's first-order
      clone: θ' depends on λ through η only), `lookahead = "first_order"`. It matters for BNNet:
-     its meta-gradient differs by 20-30 % between the two (benchmarks/parity/fedl2p.py);
+     its meta-gradient differs by 3 to 67 % between the two (benchmarks/parity/fedl2p.py);
   3. L_T = CE(f_{θ',β}(the next training batch)), L_V = CE(f_{θ',β}(the whole validation split))
      (the authors: a fresh training batch and a validation batch, both at θ');
   4. the meta-gradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
