@@ -12,8 +12,11 @@ their per-client accuracies by (seed, client). `paired_test`:
 - all differences zero: p = 1; fewer than 2 pairs, or fewer than 5 seeds without per-client
   accuracies: no test (p NaN), so no mark.
 
-Within one table (`compare`), each family of comparisons is corrected with Benjamini-Hochberg
-(`scipy.stats.false_discovery_control`; scipy 1.17 has no Holm procedure), alpha = 0.05:
+Within one table (`compare`) the distinct pairs of cells tested (against a reference, against the
+best) are one family, corrected with Benjamini-Hochberg (`scipy.stats.false_discovery_control`;
+scipy 1.17 has no Holm procedure), alpha = 0.05; a pair tested for both purposes (a cell against a
+reference that is also the best) counts once and gets one adjusted p, so a mark and bold never
+disagree about it:
 - marks: every cell against each reference present in its group; "▲"/"▼" significantly
   better/worse than the first reference, "△"/"▽" than the second (LaTeX: amssymb's
   \\blacktriangle, \\blacktriangledown, \\vartriangle, \\triangledown as superscripts);
@@ -154,6 +157,8 @@ class Verdict:
     within: str
     best: str
 
+    family: int = 0  # distinct pairs of cells tested: the size of the Benjamini-Hochberg family
+
     def lookup(self, field: str) -> dict:
         """(row, column) -> `field` of each cell."""
         return dict(zip(zip(self.cells["row"], self.cells["column"]), self.cells[field]))
@@ -177,9 +182,10 @@ class Verdict:
         best = f"Bold{', ' + ranked if ranked else ''}: " + \
             (f"the best of its {self.within}" if self.best == "group" else "the best cell of the table")
         if counts.get("best", 0):
-            parts.append(f"{best} and every cell not significantly worse than it (Benjamini–Hochberg over the table's "
-                         f"{counts['best']} comparisons with the best); a cell without a paired test only where it "
-                         f"prints the best value.")
+            parts.append(f"{best} and every cell not significantly worse than it (p < {ALPHA:g} after "
+                         f"Benjamini–Hochberg over the table's {self.family} distinct paired comparisons, with the "
+                         f"references and with the best); a cell without a paired test only where it prints the "
+                         f"best value.")
         else:
             parts.append(f"{best}{' and every cell that prints its value' if len(self.comparisons) else ''}.")
         tests = [f"{T_TEST} on the per-seed mean accuracies over {_span(tested.loc[tested['test'] == T_TEST, 'seeds'])} "
@@ -201,8 +207,8 @@ class Verdict:
                   for i, ((up, down), ref) in enumerate(zip(MARKS, self.references))]
         other = "row" if self.within == "column" else "column"
         groups = set(self.cells[self.within])
-        notes = [f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {tested} comparisons with a reference"] \
-            if tested else []
+        notes = [f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {self.family} distinct paired "
+                 f"comparisons, with the references and with the best"] if tested else []
         for ref in self.references:
             has = set(self.cells.loc[self.cells[other] == ref, self.within])
             if not has:
@@ -257,7 +263,7 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
             other = (ref, key[1]) if within == "column" else (key[0], ref)
             if other != key and other in samples:
                 comparisons.append({"row": key[0], "column": key[1], "kind": "reference", "against": ref,
-                                    **vars(paired_test(samples[key], samples[other]))})
+                                    "pair": frozenset((key, other)), **vars(paired_test(samples[key], samples[other]))})
     means, ranked, scopes, best_of = dict(zip(zip(cells["row"], cells["column"]), cells["mean"])), ranked, {}, {}
     for key in samples:
         if ranked is None or group_of(key) in ranked:
@@ -268,15 +274,14 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
             best_of[key] = top
             if key != top:
                 comparisons.append({"row": key[0], "column": key[1], "kind": "best", "against": _text(top),
-                                    **vars(paired_test(samples[key], samples[top]))})
-    comparisons = pd.DataFrame(comparisons, columns=["row", "column", "kind", "against", "p", "test", "pairs",
+                                    "pair": frozenset((key, top)), **vars(paired_test(samples[key], samples[top]))})
+    comparisons = pd.DataFrame(comparisons, columns=["row", "column", "kind", "against", "pair", "p", "test", "pairs",
                                                      "seeds", "diff"]).rename(columns={"p": "p_value"})
-    comparisons["p_adjusted"] = math.nan  # Benjamini-Hochberg within each family of the table
-    for kind in ("reference", "best"):
-        tested = (comparisons["kind"] == kind) & comparisons["p_value"].notna()
-        if tested.any():
-            comparisons.loc[tested, "p_adjusted"] = scipy_stats.false_discovery_control(
-                comparisons.loc[tested, "p_value"].to_numpy(dtype=float))
+    pairs = comparisons[comparisons["p_value"].notna()].drop_duplicates("pair")  # the table's one family
+    adjusted = dict(zip(pairs["pair"], scipy_stats.false_discovery_control(pairs["p_value"].to_numpy(dtype=float))
+                        if len(pairs) else []))
+    comparisons["p_adjusted"] = [adjusted.get(pair, math.nan) for pair in comparisons["pair"]]
+    comparisons = comparisons.drop(columns="pair")
     significant = comparisons["p_adjusted"] < ALPHA
     comparisons["direction"] = np.where(significant, np.sign(comparisons["diff"].fillna(0)), 0).astype(int)
     marks, bold = {}, {}
@@ -290,7 +295,7 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
     keys = list(zip(cells["row"], cells["column"]))
     cells["marks"] = ["".join(m for _, m in sorted(marks.get(k, {}).items())) for k in keys]
     cells["bold"] = [bold.get(k, best_of.get(k) == k) for k in keys]
-    return Verdict(cells, comparisons, tuple(references), within, best)
+    return Verdict(cells, comparisons, tuple(references), within, best, len(pairs))
 
 
 def write_summary(frames: Iterable[pd.DataFrame], out) -> Path | None:

@@ -101,6 +101,28 @@ def test_bold_never_on_a_significantly_worse_cell_and_kept_on_a_tie():
     assert stats.compare(pd.concat([runs, low[0]]), pd.concat([finals, low[1]])).lookup("bold")[("best", "y")]
 
 
+def test_a_pair_tested_for_a_mark_and_for_bold_gets_one_adjusted_p():
+    """The reference L is also the best; X is 0.6 points below it. With one Benjamini-Hochberg
+    family per purpose, X's test against L survived among the marks (lenient: many clear
+    differences against A) but not among the comparisons with the best: X was marked ▽ and bold
+    (as FedPer was in the first Fashion-MNIST baselines table). One family over the distinct pairs
+    gives the pair one adjusted p."""
+    wobble = np.array([1, -1, 2, -2, 0.5])[:, None]                     # per seed
+    cells = {("A", "x"): BASE - 0.2, ("L", "x"): BASE + 0.02, ("X", "x"): BASE + 0.014 + 0.002 * wobble}
+    cells |= {(f"M{i}", "x"): BASE + 0.019 + 0.004 * (-1) ** i * np.roll(wobble, i, axis=0) for i in range(8)}
+    runs, finals = frames(cells, seeds=range(SEEDS))
+    verdict = stats.compare(runs, finals, references=("A", "L"))
+    c = verdict.comparisons
+    assert set(c.loc[c["kind"] == "best", "against"]) == {"L / x"}
+    against_l = c[c["against"] == "L"].set_index("row")["p_adjusted"]
+    against_best = c[c["kind"] == "best"].set_index("row")["p_adjusted"]
+    assert (against_l == against_best.loc[against_l.index]).all()      # one p per pair
+    assert verdict.family == 2 * (len(cells) - 1) - 1                   # vs A and vs L; A-L once
+    marks, bold = verdict.lookup("marks"), verdict.lookup("bold")
+    assert marks[("X", "x")] == "▲▽" and not bold[("X", "x")]
+    assert all(not ("▽" in m and bold[key]) for key, m in marks.items())
+
+
 def test_an_unknown_or_missing_reference_gives_no_marks_and_says_so():
     runs, finals = frames({("A", "x"): BASE[:3], ("B", "x"): BASE[:3] + 0.05 + NOISE[:3],
                            ("B", "y"): BASE[:3] + 0.05, ("C", "y"): BASE[:3]})
