@@ -20,7 +20,7 @@ EXPECTED = {
     dispfl: (20, {"fmnist"}, {"dispfl": 5, "dpsgd": 5, "fedavg": 5, "local": 5}),
     fedselect_grid: (60, {"fmnist"}, {"fedselect": 40, "fedavg": 10, "local": 10}),
     baselines: (35, {"fmnist"}, None),
-    ablation: (35, {"fmnist"}, {"fedselect": 35}),
+    ablation: (25, {"fmnist"}, {"fedselect": 25}),
     feature_shift: (80, {"fmnist_c"}, None),
     perfedmask: (70, {"fmnist"}, None),
 }
