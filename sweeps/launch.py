@@ -11,6 +11,7 @@ summary of what finished and the command that resumes the sweep; exit status 130
 """
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -163,7 +164,16 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
     tune_dir = folder / stage.name
     if tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
-        return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
+        # Restoring reads every trial's metrics; trials that never started have none, and Tune
+        # warns once per such trial (57 lines for a sweep stopped early). They are expected here:
+        # the resumed sweep runs them, and its progress table counts them.
+        quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
+        finally:
+            quiet.setLevel(level)
     print(f"[sweep] stage {stage.name}" + (f" [{stage.group}]" if stage.group else "") + ": "
           + (f"Optuna, {plan.spec.num_samples} configurations" if stage.searched else f"{len(stage.configs)} trials")
           + (", ASHA" if stage.kind == "select" and plan.spec.scheduler == "asha" else ""), flush=True)
