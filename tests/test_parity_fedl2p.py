@@ -1,7 +1,7 @@
 """FedL2P's components against the authors' code (github.com/royson/fedl2p), pinned.
 
 The numbers below are what the authors' functions computed, run unmodified from commit
-fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee on the tiny fixture of benchmarks/parity/fedl2p.py
+fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee on the tiny fixture of benchmarks/parity/fedl2p_setup.py
 (LeNet-BN at width 0.5, 40 synthetic training and 16 validation images, seed 0, float64):
 
     .venv/bin/python benchmarks/parity/fedl2p.py --ref <checkout> --learn2learn <learn2learn-0.1.7 source> --pins
