@@ -41,6 +41,7 @@ SOURCE_OPTIONS = ("corruptions", "severity", "image_size", "domainnet_classes") 
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
 LR_SCHEDULES = ("constant", "exp", "multistep")
+MOMENTUM_SCOPES = ("epoch", "round")
 DEVICES = ("cpu", "cuda", "auto")
 
 __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]
@@ -112,8 +113,13 @@ class RunConfig:
     lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
     lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)", low=0, low_open=True, high=1)
     lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once more, e.g. 50,75")
-    momentum: float = knob(0.0, "local SGD momentum (the buffer restarts with every pass over the data, i.e. every "
-                                "local epoch)", low=0, high=1, high_open=True)
+    momentum: float = knob(0.0, "local SGD momentum (its buffer's lifetime: momentum_scope)", low=0, high=1,
+                           high_open=True)
+    momentum_scope: str = knob("epoch", "lifetime of the momentum buffer in a round's local epochs: epoch = it "
+                               "restarts at zero with every pass over the data (this engine's rule until now); "
+                               "round = it carries over the epochs of a round's local training (and of a "
+                               "fine-tuning), as one torch optimizer made per round does (PerFedMask's authors' code)", choices=MOMENTUM_SCOPES,
+                               added=True)
     weight_decay: float = knob(0.0, "local SGD weight decay", low=0)
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
     # ---- where and how fast (not in the hash)

@@ -182,7 +182,8 @@ class LocalTrainer:
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
                    loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
                    lr: float | None = None, momentum: float | None = None,
-                   inplace: bool = False, max_grad_norm: float | None = None) -> tuple[State, Tensor, int]:
+                   inplace: bool = False, max_grad_norm: float | None = None,
+                   velocity: dict[str, Tensor] | None = None) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
@@ -190,7 +191,9 @@ class LocalTrainer:
         as the model's) and returns a new dict of them: for a caller that drops the old state
         anyway, it saves a model-sized allocation and copy per pass, with the same numbers.
         `lr` and `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning);
-        the momentum buffer starts at zero in every pass.
+        the momentum buffer starts at zero in every pass, unless `velocity` is given: a dict of
+        buffers by parameter name that the pass continues from and leaves updated (missing names
+        start at zero), so that several passes make one optimizer's run (`momentum_scope="round"`).
         `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained
         tensors (Ditto's personal objective). `max_grad_norm` scales the loss gradient of the
         trained tensors down to that total L2 norm when it is larger, before weight decay, as
@@ -219,7 +222,12 @@ class LocalTrainer:
         try:
             with self.bound(new) as model:
                 self._mode(True)
-                velocity = [torch.zeros_like(p) for p in trained] if momentum else None
+                if not momentum:
+                    velocity = None
+                elif velocity is None:
+                    velocity = [torch.zeros_like(p) for p in trained]
+                else:
+                    velocity = [velocity.setdefault(name, torch.zeros_like(p)) for name, p in zip(names, trained)]
                 for start in range(0, n, sgd.batch_size):
                     idx = order[start:start + sgd.batch_size]
                     loss = loss_fn(model, x[idx], y[idx])

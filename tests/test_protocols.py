@@ -122,3 +122,22 @@ def test_lotteryfl_takes_the_authors_values_for_the_dataset(dataset, threshold, 
     assert (algo.acc_threshold, algo.target_sparsity) == (threshold, target)
     given = Simulation(tiny(algorithm="lotteryfl", dataset=dataset, rounds=1, lottery_target_sparsity=0.3)).algorithm
     assert given.target_sparsity == 0.3
+
+
+def test_momentum_scope_round_carries_the_buffer_over_a_rounds_epochs_only():
+    """One local epoch: both scopes are the same run bit for bit; two: they differ."""
+    def client_state(scope, epochs):
+        sim = Simulation(tiny(algorithm="fedavg", rounds=1, local_epochs=epochs, momentum=0.9, momentum_scope=scope))
+        sim.run_round()
+        return sim.clients[0].state
+    one = [client_state(scope, 1) for scope in ("epoch", "round")]
+    assert all(torch.equal(t, one[1][n]) for n, t in one[0].items())
+    two = [client_state(scope, 2) for scope in ("epoch", "round")]
+    assert any(not torch.equal(t, two[1][n]) for n, t in two[0].items())
+
+
+def test_momentum_scope_at_its_default_leaves_the_config_hash_alone():
+    assert tiny(algorithm="fedavg", momentum=0.9).config_hash() == \
+        tiny(algorithm="fedavg", momentum=0.9, momentum_scope="epoch").config_hash()
+    assert tiny(algorithm="fedavg", momentum=0.9).config_hash() != \
+        tiny(algorithm="fedavg", momentum=0.9, momentum_scope="round").config_hash()

@@ -163,3 +163,34 @@ def test_a_loss_calling_back_into_the_trainer_is_refused_and_leaves_the_model_us
         trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0, loss_fn=reentrant)
     new, _, _ = trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0)
     assert all(torch.equal(new[k], t) for k, t in plain_pass(state, x, y, {n: None for n in trainer.params}, 0, 0.1).items())
+
+
+def test_passes_sharing_a_velocity_dict_are_one_torch_sgd_run_and_separate_passes_are_not():
+    """momentum_scope="round": two epochs continue one momentum buffer, as one torch.optim.SGD
+    made for the round; without the dict each epoch restarts it (the engine's default)."""
+    trainer, state, x, y = setup(momentum=0.9, weight_decay=5e-4)
+    full = {n: None for n in trainer.params}
+    shared: dict = {}
+    carried = state
+    for seed in (5, 6):
+        carried, _, _ = trainer.train_pass(carried, x, y, full, seed=seed, velocity=shared)
+    assert set(shared) == set(trainer.params)
+
+    model = SmallNet()
+    load_state(model, state)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    for seed in (5, 6):
+        order = torch.randperm(30, generator=torch.Generator().manual_seed(seed))
+        for start in range(0, 30, 8):
+            idx = order[start:start + 8]
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    expected = read_state(model)
+    assert all(torch.allclose(carried[k], expected[k], atol=1e-6, rtol=0) for k in expected)
+
+    restarted = state
+    for seed in (5, 6):
+        restarted, _, _ = trainer.train_pass(restarted, x, y, full, seed=seed)
+    assert (carried["head.weight"] - restarted["head.weight"]).abs().max() > 1e-3

@@ -316,7 +316,11 @@ class Algorithm:
 
     def run_epochs(self, k: int, client: ClientState, data: ClientData, rnd: int, epochs: int,
                    update: UpdateSpec, purpose: str = "global", **options: Any) -> LocalStats:
+        """`epochs` passes of `train_pass`; under `momentum_scope="round"` they share one momentum
+        buffer (one optimizer for the whole call), otherwise each pass starts its own."""
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
+        if self.config.momentum_scope == "round":
+            options.setdefault("velocity", {})
         for epoch in range(epochs):
             self.train_pass(k, client, data, rnd, epoch, update, purpose, stats, **options)
         return stats
