@@ -20,7 +20,8 @@ ratio schedule against fl_core.devices.
 
 Part 2, training (--rounds > 0): Fashion-MNIST, 20 devices of 200 images (3 shards each, the
 authors' pu_nclass=3; or --partition dirichlet), LeNet from the same initial weights, slim ratios
-8-1, SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 50, 5 local epochs, all devices each round.
+8-1, SGD lr 0.01 momentum 0.9 weight decay 5e-4, batch 50, 5 local epochs, all devices each round;
+ours with one momentum buffer per round as theirs (`--momentum-scope round`; `epoch`: the engine's default).
 Theirs: their `train`, `test`, `personalization` and `SlimmableModelAccumulator` (download,
 mask_upload, aggregate) driven by a round loop written here after their __main__ block (it cannot
 be imported; its layer expansion has no LeNet case, so each group's parameter names come from
@@ -210,7 +211,8 @@ def our_simulation(args, seed: int):
         shards_per_client=args.shards, dir_alpha=args.dir_alpha, num_clients=args.clients,
         samples_per_client=args.samples, test_samples_per_client=args.samples, model="lenet", rounds=r,
         eval_every=1, local_epochs=args.local_epochs, batch_size=50, lr=args.lr, momentum=0.9, weight_decay=5e-4,
-        weighting="samples", seed=seed, slim_ratios="8-1", ft_epochs=5, **schedule))
+        weighting="samples", seed=seed, slim_ratios="8-1", ft_epochs=5, momentum_scope=args.momentum_scope,
+        **schedule))
 
 
 class AuthorsRun:
@@ -329,6 +331,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--samples", type=int, default=200, help="train (and test) images per device")
     parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--momentum-scope", default="round", choices=("round", "epoch"),
+                        help="ours: one momentum buffer per round as their optimizer (round) or per epoch (epoch)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--lr-schedule", default="constant", choices=("constant", "multistep"),
                         help="multistep: their default, x0.1 at rounds R/2 and 3R/4")
