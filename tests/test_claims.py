@@ -34,6 +34,11 @@ def test_best_needs_the_only_bold_cell():
     tie = judge(claim, summary({"A": (0.9, True), "C": (0.89, True)}, {}), COLUMN)
     assert tie["verdict"] == UNSURE and "also bold: C" in tie["test"]
     assert judge(claim, summary({"A": (0.8, False), "C": (0.9, True)}, {}), COLUMN)["verdict"] == FAILS
+    comparable = Claim("P", "A is best, T comparable", "", ("s",), "methods", "best", "A", tied=("T",))
+    got = judge(comparable, summary({"A": (0.9, True), "T": (0.9, True), "C": (0.8, False)}, {}), COLUMN)
+    assert got["verdict"] == HOLDS and "comparable: T" in got["test"]
+    assert judge(comparable, summary({"A": (0.9, True), "T": (0.9, True), "C": (0.89, True)}, {}),
+                 COLUMN)["verdict"] == UNSURE
     ref = Claim("P", "ref is best", "", ("s",), "ablation", "ref_best", reference="G")
     cells = summary({"G": (0.9, True), "L": (0.7, False)}, {}, reference="G", table="ablation")
     assert judge(ref, cells, COLUMN)["verdict"] == HOLDS
