@@ -22,7 +22,7 @@ EXPECTED = {
     baselines: (35, {"fmnist"}, None),
     ablation: (25, {"fmnist"}, {"fedselect": 25}),
     feature_shift: (80, {"fmnist_c"}, None),
-    perfedmask: (70, {"fmnist"}, None),
+    perfedmask: (50, {"fmnist"}, None),
 }
 
 
