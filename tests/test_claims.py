@@ -1,5 +1,7 @@
 """analysis.claims: each verdict follows from the table statistics (summary.parquet rows) exactly as
 the module docstring says; a claim whose study is absent is "not run"."""
+from pathlib import Path
+
 import pandas as pd
 
 from analysis.claims import CLAIMS, FAILS, HOLDS, NOT_RUN, UNSURE, Claim, check_claims, judge
@@ -49,3 +51,17 @@ def test_claims_without_their_study_are_not_run(tmp_path):
     table = check_claims([tmp_path])
     assert len(table) == len(CLAIMS) and set(table["verdict"]) == {NOT_RUN}
     assert {"FedSelect", "DisPFL", "PerFedMask", "FedL2P"} == set(table["paper"])
+
+
+def test_a_claim_about_fine_tuned_models_is_judged_in_the_after_ft_columns_only(tmp_path):
+    sweep = tmp_path / "pfm"
+    (sweep / "rounds").mkdir(parents=True)
+    (sweep / "tables").mkdir()
+    (sweep / "study.toml").write_text((Path(__file__).resolve().parents[1] / "studies" / "perfedmask_fmnist.toml").read_text())
+    cells = {"PerFedMask": (0.9, True), "FedAvg+FT": (0.8, False)}
+    parts = [summary(cells, {"PerFedMask": "better"}, reference="FedAvg+FT", table="cost").assign(column=c)
+             for c in ("fmnist / c = 1 / Before FT", "fmnist / c = 1 / After FT")]
+    pd.concat(parts).to_parquet(sweep / "tables" / "summary.parquet")
+    table = check_claims([tmp_path])
+    rows = table[table["claim"] == "PerFedMask beats FedAvg+FT after fine-tuning"]
+    assert list(rows["setting"]) == ["fmnist / c = 1 / After FT"] and list(rows["verdict"]) == [HOLDS]
