@@ -68,12 +68,15 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
         start_mean = float(both[early].mean()) if len(both) else np.nan
         delta = end_mean - start_mean
         verdict = pd.NA if n < 2 else bool(abs(delta) < end_std)
+        if early == last:  # no tail to compare: report the last round over every seed that has it
+            end_mean, end_std, n = across_seeds(at[last].dropna().to_numpy())
         planned = trials.loc[trials["config_key"] == key, "rounds"].max() if "rounds" in trials else last
         text = trials.loc[trials["config_key"] == key, "config_text"].iloc[0]
         out.append({"setting": setting, "method": method, "config": text, "round_tail": int(early),
                     "round_last": int(last), "rounds": int(planned) if pd.notna(planned) else int(last),
                     "acc_tail": start_mean, "acc_last": end_mean, "delta": delta,
-                    "std": end_std if n > 1 else np.nan, "seeds": n, "converged": verdict})
+                    "std": end_std if n > 1 else np.nan, "seeds": n, "converged": verdict,
+                    "evaluated_once": early == last})
     return pd.DataFrame(out)
 
 
@@ -112,10 +115,14 @@ def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
 def caption(table: pd.DataFrame, tail: float = TAIL) -> str:
     known = table["converged"].dropna()
     done = int(known.astype(bool).sum())
+    once = int(table["evaluated_once"].sum()) if "evaluated_once" in table else 0
+    single = len(table) - len(known) - once
+    unknown = [f"{once} evaluated at the last round only (no tail to compare)"] * bool(once) + \
+        [f"{single} with one seed"] * bool(single)
     return (f"Convergence: mean accuracy (%) over seeds at the evaluated round nearest to {1 - tail:g} R and at "
             f"the last round R; Δ = change over the last {100 * tail:g} % of the rounds; converged when |Δ| is "
             f"below the seed std at R (sample std). {done} of {len(known)} configurations converged"
-            + (f"; {len(table) - len(known)} with one seed: n/a." if len(known) < len(table) else "."))
+            + (f"; {' and '.join(unknown)}: n/a." if unknown else "."))
 
 
 def convergence_wanted(trials: pd.DataFrame) -> bool:

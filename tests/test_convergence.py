@@ -75,7 +75,10 @@ def test_a_single_evaluated_round_has_no_tail_and_no_verdict():
     rounds, trials = study({"once": [{10: 0.5}, {10: 0.6}]})  # eval_every = rounds: only the last round
     table = convergence(rounds, trials)
     assert table.loc[0, "round_tail"] == table.loc[0, "round_last"] == 10
-    assert pd.isna(table.loc[0, "converged"]) and table.loc[0, "seeds"] == 0
+    assert pd.isna(table.loc[0, "converged"]) and table.loc[0, "seeds"] == 2  # the seeds that have it
+    assert table.loc[0, "acc_last"] == pytest.approx(0.55)
+    assert "1 evaluated at the last round only (no tail to compare): n/a" in caption(table)
+    assert "one seed" not in caption(table)
 
 
 def test_configurations_of_one_method_are_told_apart_by_their_knobs():
