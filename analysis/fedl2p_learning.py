@@ -24,7 +24,7 @@ setting and meta-learning method (FedL2P, its ablations, L2P):
    one-sample t-test over seeds (`scipy.stats.ttest_1samp`, alternative "greater") that the
    learned policy's log ratio exceeds the initial one's.
 
-    python -m analysis.fedl2p_learning results/fedl2p_fmnist-20261201-120000 [--markdown] [--out FILE]
+    python -m analysis.fedl2p_learning results/fedl2p_fmnist-20261201-120000 [--markdown] [--out FILE] [--plot PNG]
 Values: mean over seeds (± std where a cell says so); p-values are `nan` with fewer than 2 seeds.
 """
 from __future__ import annotations
@@ -216,16 +216,47 @@ def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(rounds, ignore_index=True), pd.concat(clients, ignore_index=True) if clients else pd.DataFrame()
 
 
+def plot_loss_curve(rounds: pd.DataFrame, out: str | Path) -> Path:
+    """The validation loss over meta rounds (`loss_curve`): one panel per data setting, one line per
+    method. With partial participation each point is a different sample of clients: read the trend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if _seen_meta_rows(rounds).empty:
+        raise ValueError("no meta-learning rows with val_loss to plot")
+    curve = loss_curve(rounds)
+    settings = list(dict.fromkeys(curve["setting"]))
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 3.4), squeeze=False, sharey=True)
+    for ax, setting in zip(axes[0], settings):
+        for method, line in curve[curve["setting"] == setting].groupby("method", sort=True):
+            ax.plot(line["round"], line["val_loss"], marker=".", label=method)
+        ax.set_title(setting, fontsize=9)
+        ax.set_xlabel("meta round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation loss after fine-tuning")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Validation loss over meta rounds (seen clients of the round, mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="sweep folders, results folders holding sweeps, or a single "
                         "run's --results folder (rounds.parquet)")
     parser.add_argument("--markdown", action="store_true", help="Markdown tables (default: aligned text)")
     parser.add_argument("--out", help="also write the report to this file")
+    parser.add_argument("--plot", help="also draw the validation loss over meta rounds to this image file")
     args = parser.parse_args(argv)
     rounds, clients = load(args.results)
     text = report(rounds, clients, args.markdown)
     print(text)
+    if args.plot:
+        print(f"wrote {plot_loss_curve(rounds, args.plot)}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")

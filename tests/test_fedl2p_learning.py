@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.fedl2p_learning import domain_distances, loss_per_seed, loss_summary, policy_per_seed, \
-    policy_summary, report
+from analysis.fedl2p_learning import domain_distances, loss_curve, loss_per_seed, loss_summary, plot_loss_curve, \
+    policy_per_seed, policy_summary, report
 
 N_TRAIN = {0: 1, 1: 3, 2: 2, 3: 2}
 # (seed) -> {(client, round): val_loss}; clients 2 and 3 never report one
@@ -104,3 +104,14 @@ def test_the_report_renders_both_tables_as_markdown():
     text = report(rounds_frame(), clients_frame(), markdown=True)
     assert "| S | FedL2P | 2 | 2.5 | 1.5 | -1 ± 1.061 |" in text
     assert "mean abs Δβ" in text and sum(line.startswith("|---|") for line in text.splitlines()) == 2
+
+
+def test_the_loss_curve_is_the_weighted_mean_of_each_rounds_clients_then_over_seeds(tmp_path):
+    curve = loss_curve(rounds_frame()).set_index("round")["val_loss"]
+    # round 1: seed 0 client 0 alone (2.0); seed 1 (3·1 + 1·3) / 4 = 1.5 -> 1.75
+    # round 2: seed 0 client 1 (4.0); seed 1 client 0 (2.0) -> 3.0; round 3: 1.75 and 1.0 -> 1.375
+    assert curve.tolist() == pytest.approx([1.75, 3.0, 1.375])
+    out = plot_loss_curve(rounds_frame(), tmp_path / "loss.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no meta-learning rows"):
+        plot_loss_curve(rounds_frame().iloc[:0], tmp_path / "none.png")
