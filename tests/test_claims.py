@@ -65,3 +65,18 @@ def test_a_claim_about_fine_tuned_models_is_judged_in_the_after_ft_columns_only(
     table = check_claims([tmp_path])
     rows = table[table["claim"] == "PerFedMask beats FedAvg+FT after fine-tuning"]
     assert list(rows["setting"]) == ["fmnist / c = 1 / After FT"] and list(rows["verdict"]) == [HOLDS]
+
+
+def test_a_transposed_table_is_judged_per_row(tmp_path):
+    """FedL2P's table has the methods as columns and (setting / clients / e) as rows."""
+    sweep = tmp_path / "f"
+    (sweep / "rounds").mkdir(parents=True)
+    (sweep / "tables").mkdir()
+    (sweep / "study.toml").write_text((Path(__file__).resolve().parents[1] / "studies" / "fedl2p_fmnist.toml").read_text())
+    cells = summary({"FedL2P": (0.9, True), "FT (BN C)": (0.8, False)}, {"FedL2P": "better"}, reference="FT (BN C)",
+                    table="fedl2p")
+    flipped = cells.rename(columns={"row": "column", "column": "row"}).assign(row="S / seen / 5")
+    flipped.to_parquet(sweep / "tables" / "summary.parquet")
+    rows = check_claims([tmp_path])
+    rows = rows[rows["paper"] == "FedL2P"]
+    assert list(rows["setting"]) == ["S / seen / 5"] and list(rows["verdict"]) == [HOLDS]
