@@ -118,7 +118,8 @@ class RunConfig:
     momentum_scope: str = knob("epoch", "lifetime of the momentum buffer in a round's local epochs: epoch = it "
                                "restarts at zero with every pass over the data (this engine's rule until now); "
                                "round = it carries over the epochs of a round's local training (and of a "
-                               "fine-tuning), as one torch optimizer made per round does (PerFedMask's authors' code; FedSelect's alternating passes always restart it)", choices=MOMENTUM_SCOPES,
+                               "fine-tuning), as one torch optimizer made per round does (PerFedMask's authors' "
+                               "code); FedSelect's alternating passes always restart it", choices=MOMENTUM_SCOPES,
                                added=True)
     weight_decay: float = knob(0.0, "local SGD weight decay", low=0)
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
