@@ -168,7 +168,7 @@ def busiest_mb(sweep: Path) -> pd.Series:
 
 def check_claims(paths) -> pd.DataFrame:
     """One row per (claim, data setting) of the sweeps at `paths`; a claim without its study: not run."""
-    sweeps = {}
+    sweeps, summaries = {}, {}  # summaries: read (or built) once per sweep, not once per claim
     for sweep in find_sweeps(paths):
         sweeps.setdefault(study_name(sweep), []).append(sweep)
     rows = []
@@ -180,7 +180,9 @@ def check_claims(paths) -> pd.DataFrame:
                                 "verdict": NOT_RUN, "test": ""})
             continue
         for sweep in found:
-            summary = summary_of(sweep)
+            if sweep not in summaries:
+                summaries[sweep] = summary_of(sweep)
+            summary = summaries[sweep]
             if claim.transposed:  # judge reads methods from `row` and settings from `column`
                 summary = summary.rename(columns={"row": "column", "column": "row"})
             mb = busiest_mb(sweep) if claim.kind == "less_mb" else None

@@ -182,10 +182,8 @@ class Verdict:
         best = f"Bold{', ' + ranked if ranked else ''}: " + \
             (f"the best of its {self.within}" if self.best == "group" else "the best cell of the table")
         if counts.get("best", 0):
-            parts.append(f"{best} and every cell not significantly worse than it (p < {ALPHA:g} after "
-                         f"Benjamini–Hochberg over the table's {self.family} distinct paired comparisons, with the "
-                         f"references and with the best); a cell without a paired test only where it prints the "
-                         f"best value.")
+            parts.append(f"{best} and every cell not significantly worse than it ({self._correction()}); a cell "
+                         f"without a paired test only where it prints the best value.")
         else:
             parts.append(f"{best}{' and every cell that prints its value' if len(self.comparisons) else ''}.")
         tests = [f"{T_TEST} on the per-seed mean accuracies over {_span(tested.loc[tested['test'] == T_TEST, 'seeds'])} "
@@ -200,6 +198,11 @@ class Verdict:
                          f"accuracies).")
         return " ".join(parts)
 
+    def _correction(self) -> str:
+        """The one family the marks and bold share (`compare`), as the captions say it."""
+        return (f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {self.family} distinct paired "
+                f"comparisons, with the references and with the best")
+
     def _legend(self, tested: int) -> str:
         """The marks' sentence: which reference each mark is against, the correction, and the
         groups a reference is missing from."""
@@ -207,8 +210,7 @@ class Verdict:
                   for i, ((up, down), ref) in enumerate(zip(MARKS, self.references))]
         other = "row" if self.within == "column" else "column"
         groups = set(self.cells[self.within])
-        notes = [f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {self.family} distinct paired "
-                 f"comparisons, with the references and with the best"] if tested else []
+        notes = [self._correction()] if tested else []
         for ref in self.references:
             has = set(self.cells.loc[self.cells[other] == ref, self.within])
             if not has:
