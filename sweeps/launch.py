@@ -156,6 +156,23 @@ def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
     return out
 
 
+def restore_quietly(tune_dir: Path, trainable):
+    """`tune.Tuner.restore` of a stage's experiment without Tune's warning per unstarted trial.
+
+    Restoring reads every trial's metrics; trials that never started have none, and Tune warns
+    once per such trial (57 lines for a sweep stopped early). They are expected here: the resumed
+    sweep runs them, and its progress table counts them. Errors still show."""
+    from ray import tune
+
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
+    finally:
+        quiet.setLevel(level)
+
+
 def _tuner(plan: SweepPlan, stage: Stage, trainable):
     """A new Tune experiment for the stage, or the one in its folder (a resumed sweep)."""
     from ray import tune
@@ -164,16 +181,7 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
     tune_dir = folder / stage.name
     if tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
-        # Restoring reads every trial's metrics; trials that never started have none, and Tune
-        # warns once per such trial (57 lines for a sweep stopped early). They are expected here:
-        # the resumed sweep runs them, and its progress table counts them.
-        quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
-        finally:
-            quiet.setLevel(level)
+        return restore_quietly(tune_dir, trainable)
     print(f"[sweep] stage {stage.name}" + (f" [{stage.group}]" if stage.group else "") + ": "
           + (f"Optuna, {plan.spec.num_samples} configurations" if stage.searched else f"{len(stage.configs)} trials")
           + (", ASHA" if stage.kind == "select" and plan.spec.scheduler == "asha" else ""), flush=True)

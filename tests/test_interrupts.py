@@ -25,6 +25,7 @@ import pytest
 from sweeps.fedselect_grid import STUDY
 from sweeps.folder import SWEEP_FORMAT, sweep_folder
 from sweeps.interrupts import Interrupted, Interrupts, exit_code
+from sweeps.launch import restore_quietly
 from sweeps.parquet_sink import read_rounds
 from sweeps.study import build_parser, plan_sweep, run_study
 from sweeps.trials import trials_table
@@ -107,6 +108,27 @@ def test_missing_sweep_error_lists_the_sweeps_of_the_study(tmp_path, capsys):
     _fake_sweep(tmp_path, "mine", "fedselect_grid")
     assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "mien"]) == 2
     assert "(sweeps of fedselect_grid there: mine)" in capsys.readouterr().err
+
+
+def test_a_restore_hides_tunes_warning_per_unstarted_trial_but_not_errors(monkeypatch, caplog):
+    import logging
+
+    from ray import tune
+
+    name = "ray.tune.analysis.experiment_analysis"
+    logger = logging.getLogger(name)
+
+    def restore(path, trainable, resume_errored):  # what Tune's restore logs for a sweep stopped early
+        logger.warning("Failed to fetch metrics for 57 trial(s)")
+        logger.error("a real problem")
+        return ("restored", path, trainable, resume_errored)
+
+    monkeypatch.setattr(tune.Tuner, "restore", staticmethod(restore))
+    before = logger.level
+    with caplog.at_level(logging.WARNING, logger=name):
+        assert restore_quietly(Path("/x/tune"), "T") == ("restored", "/x/tune", "T", True)
+        logged = [r.getMessage() for r in caplog.records if r.name == name]
+    assert logged == ["a real problem"] and logger.level == before
 
 
 def test_trials_table_lists_every_planned_trial_when_tune_results_have_no_config(tmp_path):
