@@ -11,7 +11,14 @@ setting and meta-learning method (FedL2P, its ablations, L2P):
    seeds, `p` is the paired t-test over seeds (`scipy.stats.ttest_rel`, two-sided). "within" is
    the weighted mean of `val_loss_after − val_loss` over all client rounds: what one client's K
    meta steps do to its own loss.
-2. **How far the policy moved.** On evaluated rounds each client has its learned policy (`beta:
+2. **The learned λ against the initial one, on the same batches.** On evaluated rounds each
+   client also reports `val_loss_learned` and `val_loss_init`: the validation loss after
+   fine-tuning under the λ it is scored with and under the initial λ, both with the same batches
+   (common random numbers), so their difference is λ's alone. Per trial at its last evaluated
+   round, the weighted mean over the pool's clients of each; per (setting, method, pool) the mean
+   change learned − initial over seeds, the paired t-test over seeds (`scipy.stats.ttest_rel`),
+   and the share of client × seed pairs where the learned λ is lower.
+3. **How far the policy moved.** On evaluated rounds each client has its learned policy (`beta:
    <BN layer>`, `eta:<tensor>`) and the one the initial λ gives it (`beta_init:*`, `eta_init:*`;
    fl_core/algorithms/fedl2p.py). At each trial's last evaluated round: |Δβ| = the mean over
    clients and layers of |β − β_init|; |Δη| / η_init the mean relative change of the rates
@@ -88,6 +95,37 @@ def loss_summary(rounds: pd.DataFrame) -> pd.DataFrame:
                                            "change_std": change.std(ddof=1) if len(group) >= 2 else np.nan,
                                            "fell": bool(change.mean() < 0), "p": float(p),
                                            "within": group["within"].mean()})
+    return pd.DataFrame(out)
+
+
+def gain_per_seed(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per trial and pool: weighted means over clients of `val_loss_learned` and `val_loss_init`
+    at the trial's last round that has them, and the share of clients where learned < initial."""
+    if not {"val_loss_learned", "val_loss_init"} <= set(rounds.columns):
+        return pd.DataFrame()
+    rows = rounds[rounds["algorithm"].isin(META) & rounds["val_loss_learned"].notna() & rounds["val_loss_init"].notna()]
+    rows = rows[rows["round"] == rows.groupby("config_hash")["round"].transform("max")]
+    pool = rows["pool"] if "pool" in rows else pd.Series("seen", index=rows.index)
+    out = []
+    for (trial, name), group in rows.groupby([rows["config_hash"], pool], sort=True):
+        out.append({"config_hash": trial, **{k: group[k].iloc[0] for k in KEYS}, "pool": name,
+                    "seed": group["seed"].iloc[0], "learned": _weighted(group["val_loss_learned"], group["n_train"]),
+                    "init": _weighted(group["val_loss_init"], group["n_train"]),
+                    "lower": int((group["val_loss_learned"] < group["val_loss_init"]).sum()), "clients": len(group)})
+    return pd.DataFrame(out)
+
+
+def gain_summary(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, method, pool): seeds, initial, learned, change ± std, paired-t p, share lower."""
+    per_seed = gain_per_seed(rounds)
+    out = []
+    for key, group in (per_seed.groupby([*KEYS, "pool"], sort=True) if not per_seed.empty else []):
+        change = group["learned"] - group["init"]
+        p = stats.ttest_rel(group["learned"], group["init"]).pvalue if len(group) >= 2 else np.nan
+        out.append(dict(zip([*KEYS, "pool"], key)) | {
+            "seeds": len(group), "init": group["init"].mean(), "learned": group["learned"].mean(),
+            "change": change.mean(), "change_std": change.std(ddof=1) if len(group) >= 2 else np.nan,
+            "p": float(p), "lower": f"{group['lower'].sum()} of {group['clients'].sum()}"})
     return pd.DataFrame(out)
 
 
@@ -169,6 +207,9 @@ def policy_summary(rounds: pd.DataFrame, clients: pd.DataFrame | None = None) ->
 LOSS_HEAD = {"setting": "Data setting", "method": "Method", "seeds": "Seeds", "first": "L_V first",
              "last": "L_V last", "change": "Δ (last − first)", "p": "p (paired t)", "fell": "fell",
              "within": "within-round Δ"}
+GAIN_HEAD = {"setting": "Data setting", "method": "Method", "pool": "Clients", "seeds": "Seeds",
+             "init": "L_V initial λ", "learned": "L_V learned λ", "change": "Δ (learned − initial)",
+             "p": "p (paired t)", "lower": "clients lower"}
 POLICY_HEAD = {"setting": "Data setting", "method": "Method", "seeds": "Seeds", "beta_moved": "mean abs Δβ",
                "eta_moved": "mean abs Δη / η_init", "between_learned": "β/η between domains",
                "ratio_learned": "between/within", "between_init": "between (initial λ)",
@@ -201,6 +242,8 @@ def render(frame: pd.DataFrame, heads: dict[str, str], markdown: bool) -> str:
 def report(rounds: pd.DataFrame, clients: pd.DataFrame | None = None, markdown: bool = False) -> str:
     return ("Validation loss over meta rounds (seen clients, weighted by training samples)\n"
             + render(loss_summary(rounds), LOSS_HEAD, markdown)
+            + "\n\nThe learned λ against the initial λ, same batches (last evaluated round)\n"
+            + render(gain_summary(rounds), GAIN_HEAD, markdown)
             + "\n\nPolicy: distance from the initial λ's, and between domains (last evaluated round)\n"
             + render(policy_summary(rounds, clients), POLICY_HEAD, markdown))
 

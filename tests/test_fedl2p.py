@@ -7,8 +7,9 @@ import torch
 
 from fl_core.checkpoints import save_model
 from fl_core.config import ConfigError, RunConfig
-from fl_core.fedl2p.personalize import Policy, fine_tune
+from fl_core.fedl2p.personalize import Policy, fine_tune, meta_step
 from fl_core.simulation import Simulation
+from fl_core.training import derive_seed
 from tests.conftest import metrics, restore_mid_run
 
 DATA = dict(dataset="synthetic", num_clients=4, partition="dirichlet_class", dir_alpha=0.5, model="lenet_bn",
@@ -111,8 +112,8 @@ def test_the_server_averages_the_meta_nets_by_training_samples_and_sends_only_th
     # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with resnet18_cifar it is 38,944 entries, 0.35 % of the model)
 
 
-def test_the_kept_lambda_has_the_lowest_mean_validation_loss_and_patience_stops(pretrained):
-    sim = Simulation(stage2(pretrained, "fedl2p", patience=2))
+def test_the_papers_rule_keeps_the_lambda_of_the_round_with_the_lowest_mean_loss_and_patience_stops(pretrained):
+    sim = Simulation(stage2(pretrained, "fedl2p", patience=2, keep="participants"))
     algo = sim.algorithm
     sizes = [d.n_train for d in sim.data.clients]
     history = []
@@ -122,6 +123,7 @@ def test_the_kept_lambda_has_the_lowest_mean_validation_loss_and_patience_stops(
         for k, c in enumerate(sim.clients):
             c.extra["meta"] = {n: t + rnd for n, t in algo.meta_state.items()}
             c.extra["val_loss"] = torch.tensor(losses[k], dtype=torch.float64)
+            c.extra["kept_loss"] = torch.tensor(9.0, dtype=torch.float64)  # ignored by this rule
         algo.aggregate(sim.clients, sim.data.clients, rnd)
     expected = sum(s * v for s, v in zip(sizes, [0.5, 0.7, 0.6, 0.4])) / sum(sizes)
     assert algo.best_loss == pytest.approx(expected)
@@ -129,6 +131,56 @@ def test_the_kept_lambda_has_the_lowest_mean_validation_loss_and_patience_stops(
     assert algo.stale_rounds == 2 and algo.meta_stopped()
     stats = algo.local_update(0, sim.clients[0], sim.data.clients[0], 5)
     assert stats.metrics == {} and "meta" not in sim.clients[0].extra
+
+
+def test_paired_keep_compares_the_received_and_the_kept_lambda_on_the_same_clients(pretrained):
+    sim = Simulation(stage2(pretrained, "fedl2p", patience=5))  # keep = "paired", the default
+    algo = sim.algorithm
+    history = []
+    # (received λ's losses, kept λ's losses on the same batches) per round
+    for rnd, (received, kept) in enumerate([([1.0] * 4, [1.0] * 4),                      # the first λ is kept
+                                            ([0.9, 0.8, 0.9, 0.8], [1.0, 0.9, 1.0, 0.9]),  # lower on the same clients
+                                            ([0.5, 0.5, 0.5, 0.5], [0.4, 0.4, 0.4, 0.4])],  # below every earlier mean,
+                                           start=1):                                        # but not below the kept λ
+        history.append(dict(algo.meta_state))
+        for k, c in enumerate(sim.clients):
+            c.extra["meta"] = {n: t + rnd for n, t in algo.meta_state.items()}
+            c.extra["val_loss"] = torch.tensor(received[k], dtype=torch.float64)
+            c.extra["kept_loss"] = torch.tensor(kept[k], dtype=torch.float64)
+        algo.aggregate(sim.clients, sim.data.clients, rnd)
+    assert all(torch.equal(algo.best_state[n], history[1][n]) for n in history[1])  # round 2's, not round 3's
+    assert algo.stale_rounds == 1
+    # the paper's rule would have kept round 3's λ: its participants' mean (0.5) is the lowest seen
+    assert algo.improves(0.5, 0.4, 0.85) is False
+    assert Simulation(stage2(pretrained, "fedl2p", keep="participants")).algorithm.improves(0.5, 0.4, 0.85) is True
+
+
+def test_a_client_scores_the_kept_lambda_on_the_batches_of_its_first_meta_step(pretrained):
+    sim = Simulation(stage2(pretrained, "fedl2p", meta_lr_bn=0.05, meta_lr_lr=0.05))
+    algo, k = sim.algorithm, 1
+    client, data = sim.clients[k], sim.data.clients[k]
+    algo.local_update(k, client, data, 1)
+    assert float(client.extra["kept_loss"]) == float(client.extra["val_loss"])  # round 1: kept = received
+    algo.aggregate(sim.clients, sim.data.clients, 1)
+    algo.local_update(k, client, data, 2)
+    algo.nets.load_state_dict(algo.best_state)
+    again = algo.validation_loss(k, client, data, derive_seed(0, 2, k, 0, "meta"))
+    assert float(client.extra["kept_loss"]) == again != float(client.extra["val_loss"])
+    # validation_loss is what meta_step reports for the same λ and seed
+    algo.nets.load_state_dict(algo.best_state)
+    out = meta_step(algo.trainer.model, algo.nets, client.state, algo.client_inputs(k, client, data), data.x_train,
+                    data.y_train, data.x_val, data.y_val, algo.settings(), derive_seed(0, 2, k, 0, "meta"))
+    assert out["val_loss"] == pytest.approx(again, rel=1e-6)
+
+
+def test_the_learned_and_initial_lambda_are_scored_on_the_same_batches(pretrained):
+    frozen = list(Simulation(stage2(pretrained, "fedl2p", meta_lr_bn=0.0, meta_lr_lr=0.0, meta_lr_post=0.0)).run())
+    for c in frozen[-1].clients:  # λ never moved: the same loss to the last digit
+        assert c.metrics["val_loss_learned"] == c.metrics["val_loss_init"]
+    learned = list(Simulation(stage2(pretrained, "fedl2p", meta_lr_bn=0.05, meta_lr_lr=0.05)).run())
+    assert any(c.metrics["val_loss_learned"] != c.metrics["val_loss_init"] for c in learned[-1].clients)
+    assert [c.metrics["val_loss_init"] for c in learned[-1].clients] == \
+        [c.metrics["val_loss_init"] for c in frozen[-1].clients]
 
 
 def test_ift_and_fomaml_differ_and_the_meta_nets_move(pretrained):

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.fedl2p_learning import domain_distances, loss_curve, loss_per_seed, loss_summary, plot_loss_curve, \
-    policy_per_seed, policy_summary, report
+from analysis.fedl2p_learning import domain_distances, gain_summary, loss_curve, loss_per_seed, loss_summary, \
+    plot_loss_curve, policy_per_seed, policy_summary, report
 
 N_TRAIN = {0: 1, 1: 3, 2: 2, 3: 2}
 # (seed) -> {(client, round): val_loss}; clients 2 and 3 never report one
@@ -115,3 +115,23 @@ def test_the_loss_curve_is_the_weighted_mean_of_each_rounds_clients_then_over_se
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no meta-learning rows"):
         plot_loss_curve(rounds_frame().iloc[:0], tmp_path / "none.png")
+
+
+def test_the_learned_lambda_is_compared_with_the_initial_one_per_pool_by_a_paired_test_over_seeds():
+    rows = rounds_frame()
+    last = rows["round"].eq(3) & rows["algorithm"].eq("fedl2p")
+    # seed 0: learned 1, 1, 2, 2 against initial 2, 2, 2, 2; seed 1: learned 1.5 everywhere, initial 2
+    learned = {0: {0: 1.0, 1: 1.0, 2: 2.0, 3: 2.0, 9: 5.0}, 1: {0: 1.5, 1: 1.5, 2: 1.5, 3: 1.5, 9: 3.0}}
+    rows.loc[last, "val_loss_learned"] = [learned[s][c] for s, c in zip(rows.loc[last, "seed"], rows.loc[last, "client"])]
+    rows.loc[last, "val_loss_init"] = [2.0 if c != 9 else 4.0 for c in rows.loc[last, "client"]]
+    summary = gain_summary(rows).set_index("pool")
+    # seen, weighted by n_train 1, 3, 2, 2: seed 0 (1 + 3 + 4 + 4) / 8 = 1.5, seed 1 1.5; initial 2 in both
+    seen = summary.loc["seen"]
+    assert (seen["learned"], seen["init"], seen["change"], seen["seeds"]) == pytest.approx((1.5, 2.0, -0.5, 2))
+    assert seen["lower"] == "6 of 8"
+    assert seen["p"] == stats.ttest_rel([1.5, 1.5], [2.0, 2.0]).pvalue  # what scipy says of two equal changes
+    unseen = summary.loc["unseen"]
+    assert unseen["change"] == pytest.approx(0.0) and unseen["lower"] == "1 of 2"
+    assert unseen["p"] == pytest.approx(stats.ttest_rel([5.0, 3.0], [4.0, 4.0]).pvalue)
+    assert "L_V learned λ" in report(rows, clients_frame(), markdown=True)
+    assert gain_summary(rounds_frame()).empty  # rows without the columns: no table, not zeros

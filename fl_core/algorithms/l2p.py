@@ -4,8 +4,9 @@ compute budget as FedL2P).
 
 Every client starts from the same initial λ and makes FedL2P's meta iterations on its own data in
 every round it takes part (`fl_core/algorithms/fedl2p.py`, same knobs), keeping its own λ; nothing
-is sent. Each client keeps the λ with its lowest validation loss (measured before it was updated)
-and stops after `patience` rounds without improvement.
+is sent. Each client keeps its own λ when it scores a lower validation loss than the λ kept so far
+(`keep`: paired = both scored on the same batches, as FedL2P's server compares them; participants
+= against the lowest loss seen) and stops after `patience` rounds without improvement.
 
 Evaluated per client (`acc`): the pretrained model fine-tuned for e epochs under the policy of its
 own kept λ. An unseen client has learned nothing: it is scored with the initial λ.
@@ -41,8 +42,8 @@ class L2P(FedL2P):
         stats = super().local_update(k, client, data, rnd)
         if "meta" not in client.extra:  # an unseen client: nothing learned
             return stats
-        loss = client.extra.pop("val_loss")
-        if float(loss) < float(client.extra["best_loss"]):
+        loss, kept_loss = client.extra.pop("val_loss"), client.extra.pop("kept_loss")
+        if self.improves(float(loss), float(kept_loss), float(client.extra["best_loss"])):
             client.extra |= {"best": started, "best_loss": loss, "stale": torch.tensor(0)}
         else:
             client.extra["stale"] = client.extra["stale"] + 1

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -163,14 +163,11 @@ def _loss(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, 
     return F.cross_entropy(functional_call(model, (dict(params), dict(buffers)), (x,)), y)
 
 
-def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inputs: ClientInputs,
-              x_train: Tensor, y_train: Tensor, x_val: Tensor, y_val: Tensor, settings: MetaStepSettings,
-              seed: int) -> dict[str, float]:
-    """One meta iteration on one client (module docstring): updates `nets` in place and returns
-    the validation loss L_V at θ' and the hypergradient's wall time in seconds."""
-    if settings.lookahead not in LOOKAHEADS:
-        raise ValueError(f"lookahead={settings.lookahead!r}; choose one of {', '.join(LOOKAHEADS)}")
-    policy = nets.policy(inputs)
+def _looked_ahead(model: nn.Module, policy: Policy, state: Mapping[str, Tensor], inputs: ClientInputs,
+                  x_train: Tensor, y_train: Tensor, x_val: Tensor, y_val: Tensor, settings: MetaStepSettings,
+                  seed: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Steps 1-3 of a meta step under `policy`: fine-tune, the look-ahead step, L_T and L_V at θ'.
+    Returns (θ' for the tensors with a rate, L_T, L_V), differentiable in the policy."""
     theta_e = fine_tune(model, state, x_train, y_train, policy, inputs.bn_stats, epochs=settings.epochs,
                         batch_size=settings.batch_size, seed=seed)
     params, buffers = split_state(model, theta_e)
@@ -179,7 +176,6 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
     x_batch, y_batch = x_train[order[:settings.batch_size]], y_train[order[:settings.batch_size]]
     fresh = order[settings.batch_size:2 * settings.batch_size]  # L_T's batch: the next one (or the same if none)
     x_fresh, y_fresh = (x_train[fresh], y_train[fresh]) if fresh.numel() else (x_batch, y_batch)
-    meta = [p for group, _ in nets.param_groups(0, 0, 0) for p in group]
     with bn_mixing(model, policy.betas, inputs.bn_stats, policy.source):
         first = _loss(model, leaves, buffers, x_batch, y_batch)
         names = list(policy.lrs)
@@ -187,11 +183,37 @@ def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inp
         looked = dict(leaves) | {n: leaves[n] - policy.lrs[n] * g for n, g in zip(names, grads)}
         train_loss = _loss(model, looked, buffers, x_fresh, y_fresh)
         val_loss = _loss(model, looked, buffers, x_val, y_val)
+    return {n: looked[n] for n in names}, train_loss, val_loss
+
+
+def validation_loss(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inputs: ClientInputs,
+                    x_train: Tensor, y_train: Tensor, x_val: Tensor, y_val: Tensor, settings: MetaStepSettings,
+                    seed: int) -> float:
+    """The L_V that `meta_step` with the same `seed` reports for the nets' current λ, without
+    updating λ: two λ's scored with one seed see the same batches, so their difference is λ's
+    alone (common random numbers; FedL2P's `keep = "paired"` and its evaluation use it)."""
+    with torch.no_grad():
+        policy = nets.policy(inputs).detached()
+    plain = replace(settings, lookahead="first_order")  # the same values, no graph through the look-ahead
+    return float(_looked_ahead(model, policy, state, inputs, x_train, y_train, x_val, y_val, plain, seed)[2].detach())
+
+
+def meta_step(model: nn.Module, nets: MetaNets, state: Mapping[str, Tensor], inputs: ClientInputs,
+              x_train: Tensor, y_train: Tensor, x_val: Tensor, y_val: Tensor, settings: MetaStepSettings,
+              seed: int) -> dict[str, float]:
+    """One meta iteration on one client (module docstring): updates `nets` in place and returns
+    the validation loss L_V at θ' and the hypergradient's wall time in seconds."""
+    if settings.lookahead not in LOOKAHEADS:
+        raise ValueError(f"lookahead={settings.lookahead!r}; choose one of {', '.join(LOOKAHEADS)}")
+    policy = nets.policy(inputs)
+    looked, train_loss, val_loss = _looked_ahead(model, policy, state, inputs, x_train, y_train, x_val, y_val,
+                                                 settings, seed)
+    meta = [p for group, _ in nets.param_groups(0, 0, 0) for p in group]
     start = time.perf_counter()
     if settings.meta_grad == "ift":
         bn_params = set() if nets.bnnet is None else set(map(id, nets.bnnet.parameters()))
         direct = [settings.ift_direct == "all" or id(p) in bn_params for p in meta]
-        hyper = ift_hypergradient(train_loss, val_loss, {n: looked[n] for n in names}, meta,
+        hyper = ift_hypergradient(train_loss, val_loss, looked, meta,
                                   steps=settings.neumann_steps, psi=settings.neumann_psi, clip=settings.clip,
                                   direct=direct)
     else:  # FOMAML+: the direct term only (through β and the look-ahead step's rates)
