@@ -77,10 +77,14 @@ def loss_per_seed(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def loss_curve(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, method, round): the weighted mean `val_loss` of the round's clients, mean over seeds."""
-    rows = _seen_meta_rows(rounds)
+    """Per (setting, method, round), means over seeds of: `val_loss`, the weighted mean of the
+    round's clients; `change`, the weighted mean of each of those clients' `val_loss` minus its
+    own at its first meta round (free of which clients the round happened to sample)."""
+    rows = _seen_meta_rows(rounds).sort_values("round")
+    first = rows.groupby(["config_hash", "client"])["val_loss"].transform("first")
+    rows = rows.assign(change=rows["val_loss"] - first)
     per_seed = rows.groupby([*KEYS, "seed", "round"]).apply(
-        lambda g: _weighted(g["val_loss"], g["n_train"]), include_groups=False).rename("val_loss")
+        lambda g: pd.Series({c: _weighted(g[c], g["n_train"]) for c in ("val_loss", "change")}), include_groups=False)
     return per_seed.groupby([*KEYS, "round"]).mean().reset_index()
 
 
@@ -260,8 +264,9 @@ def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def plot_loss_curve(rounds: pd.DataFrame, out: str | Path) -> Path:
-    """The validation loss over meta rounds (`loss_curve`): one panel per data setting, one line per
-    method. With partial participation each point is a different sample of clients: read the trend."""
+    """Each client's validation loss over meta rounds against its own at its first meta round
+    (`loss_curve`'s `change`): one panel per data setting, one line per method. The raw mean over
+    a round's clients mostly shows which clients were sampled (their losses differ tenfold)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -273,13 +278,15 @@ def plot_loss_curve(rounds: pd.DataFrame, out: str | Path) -> Path:
     fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 3.4), squeeze=False, sharey=True)
     for ax, setting in zip(axes[0], settings):
         for method, line in curve[curve["setting"] == setting].groupby("method", sort=True):
-            ax.plot(line["round"], line["val_loss"], marker=".", label=method)
+            ax.plot(line["round"], line["change"], marker=".", label=method)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_title(setting, fontsize=9)
         ax.set_xlabel("meta round")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("validation loss after fine-tuning")
+    axes[0][0].set_ylabel("validation loss − the client's first")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("Validation loss over meta rounds (seen clients of the round, mean over seeds)", fontsize=10)
+    fig.suptitle("Change of each client's validation loss since its first meta round (the round's seen clients, "
+                 "mean over seeds)", fontsize=10)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=130)

@@ -107,10 +107,13 @@ def test_the_report_renders_both_tables_as_markdown():
 
 
 def test_the_loss_curve_is_the_weighted_mean_of_each_rounds_clients_then_over_seeds(tmp_path):
-    curve = loss_curve(rounds_frame()).set_index("round")["val_loss"]
+    curve = loss_curve(rounds_frame()).set_index("round")
     # round 1: seed 0 client 0 alone (2.0); seed 1 (3·1 + 1·3) / 4 = 1.5 -> 1.75
     # round 2: seed 0 client 1 (4.0); seed 1 client 0 (2.0) -> 3.0; round 3: 1.75 and 1.0 -> 1.375
-    assert curve.tolist() == pytest.approx([1.75, 3.0, 1.375])
+    assert curve["val_loss"].tolist() == pytest.approx([1.75, 3.0, 1.375])
+    # against each client's first loss: round 2: seed 0 client 1's first (0), seed 1 client 0 (2 − 3 = −1);
+    # round 3: seed 0 (1·(1 − 2) + 3·(2 − 4)) / 4 = −1.75, seed 1 client 1 (1 − 1 = 0)
+    assert curve["change"].tolist() == pytest.approx([0.0, -0.5, -0.875])
     out = plot_loss_curve(rounds_frame(), tmp_path / "loss.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no meta-learning rows"):
