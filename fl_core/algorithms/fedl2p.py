@@ -97,7 +97,7 @@ class FedL2PParams(PersonalizeParams):
     meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0)
     meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0)
     meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0)
-    patience: int = knob(50, "rounds without a lower mean validation loss before meta-training stops", low=1)
+    patience: int = knob(50, "rounds without a replacement of the kept lambda (keep) before meta-training stops", low=1)
     keep: str = knob("paired", "which lambda is kept and scored: paired = the received lambda replaces the kept one when "
                      "its validation loss, mean over the round's participants, is below the kept lambda's on the same "
                      "participants and the same fine-tuning batches (each participant scores both); participants = "
