@@ -203,6 +203,21 @@ def test_l2p_learns_alone_and_sends_nothing(pretrained):
     assert all("beta_mean" in c.metrics for c in final.clients)
 
 
+@pytest.mark.parametrize("keep, replaced", [("paired", True), ("participants", False)])
+def test_an_l2p_client_compares_its_lambda_with_its_kept_one_by_the_keep_rule(pretrained, keep, replaced):
+    sim = Simulation(stage2(pretrained, "l2p", keep=keep, meta_lr_bn=0.05, meta_lr_lr=0.05))
+    algo, k = sim.algorithm, 0
+    client, data = sim.clients[k], sim.data.clients[k]
+    algo.local_update(k, client, data, 1)  # round 1: the initial λ is kept
+    kept = client.extra["best"]
+    client.extra["best_loss"] = torch.tensor(0.0, dtype=torch.float64)  # no loss is below the lowest seen
+    algo.validation_loss = lambda *args: 99.0  # the kept λ, scored on this round's batches: far worse
+    received = client.extra["own"]
+    algo.local_update(k, client, data, 2)
+    # paired: the λ it received beats the kept one on the same batches; participants: not below 0.0
+    assert (client.extra["best"] is received) is replaced and (client.extra["best"] is kept) is not replaced
+
+
 def test_unseen_clients_never_meta_train_and_are_scored_with_the_kept_lambda(pretrained, tmp_path):
     config, _ = pretrained
     folder = tmp_path / "ck"
