@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.parity.report import Round, print_summary, save  # noqa: E402
 from fl_core.algorithms import dispfl as ours_dispfl  # noqa: E402
 from fl_core.config import RunConfig  # noqa: E402
 from fl_core.models import build_model  # noqa: E402
@@ -218,7 +218,7 @@ def compare_mask_search(ref, sim: Simulation, trainer, sent: dict, weights: dict
 
 
 # ---------------------------------------------------------------- 2. whole runs, alternating
-def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
+def run_pair(ref, args, seed: int) -> list[Round]:
     cfg = our_config(args, seed)
     sim = our_simulation(cfg, ref, args.model)
     reached, go, failure = threading.Semaphore(0), threading.Semaphore(0), []
@@ -261,23 +261,11 @@ def run_pair(ref, args, seed: int) -> list[tuple[float, float, float, float]]:
         if failure:
             raise failure[0]
         theirs = api.stat_info["old_mask_test_acc"][r]
-        rows.append((ours, theirs, t_ours, t_theirs))
+        rows.append(Round(r + 1, ours, theirs, t_ours, t_theirs))
         print(f"  seed {seed} round {r + 1:3d}: ours {ours:.4f} theirs {theirs:.4f} diff {ours - theirs:+.4f}   "
               f"s/round ours {t_ours:6.2f} theirs {t_theirs:6.2f}", flush=True)
     worker.join()
     return rows
-
-
-def summary(runs: dict[int, list]) -> None:
-    finals = [(rows[-1][0], rows[-1][1]) for rows in runs.values()]
-    ours, theirs = [f[0] for f in finals], [f[1] for f in finals]
-    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else float("nan"))
-    t_ours = statistics.mean(r[2] for rows in runs.values() for r in rows)
-    t_theirs = statistics.mean(r[3] for rows in runs.values() for r in rows)
-    print(f"Final accuracy over seeds {list(runs)}: ours {statistics.mean(ours):.4f} ± {sd(ours):.4f}, "
-          f"theirs {statistics.mean(theirs):.4f} ± {sd(theirs):.4f}, difference "
-          f"{statistics.mean(ours) - statistics.mean(theirs):+.4f}")
-    print(f"Seconds per round: ours {t_ours:.2f}, theirs {t_theirs:.2f} (theirs / ours = {t_theirs / t_ours:.2f})")
 
 
 def default_data_root() -> str:
@@ -304,6 +292,7 @@ def main() -> None:
     ap.add_argument("--components-only", action="store_true")
     ap.add_argument("--skip-components", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
     args = ap.parse_args()
     ref = load_reference(args.ref, args.extra_path)
     print(f"DisPFL parity: Fashion-MNIST Dir(0.3), {args.clients} clients x {args.samples} images, "
@@ -315,8 +304,14 @@ def main() -> None:
     if args.components_only:
         return
     print(f"== whole runs{' (lockstep: our masks and graphs)' if args.lockstep else ''}")
-    runs = {seed: run_pair(ref, args, seed) for seed in args.seeds}
-    summary(runs)
+    runs = {}
+    for seed in args.seeds:
+        runs[seed] = run_pair(ref, args, seed)
+        if args.json:  # after every seed, so that a long run's finished seeds survive an interruption
+            save(args.json, "DisPFL", "rong-dai/DisPFL @ e2f47d4", f"mean client accuracy after local training "
+                 f"(theirs: old_mask_test_acc), Fashion-MNIST Dir(0.3), {args.clients} clients, model {args.model}"
+                 f"{', lockstep' if args.lockstep else ''}", runs, vars(args) | {"json": str(args.json)})
+    print_summary(runs)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import threading
 import time
@@ -47,11 +46,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
 from fl_core.client_state import PackedMask  # noqa: E402
 from fl_core.config import RunConfig  # noqa: E402
 from fl_core.models import build_model  # noqa: E402
 from fl_core.simulation import Simulation  # noqa: E402
-from fl_core.training import derive_seed  # noqa: E402
 
 # The settings: our knobs (the reference's flag for each is in `reference_args`).
 SETTINGS = {
@@ -88,27 +87,6 @@ def reference_args(ref, knobs: dict, seed: int):
         sys.argv = argv
 
 
-class ReplayLoader:
-    """A training loader whose i-th pass yields the batches of our trainer's i-th LocalAlt pass
-    for this client and round (per epoch a personal pass, then a global one)."""
-
-    def __init__(self, x, y, k: int, rnd: int, seed: int, batch_size: int) -> None:
-        self.x, self.y, self.k, self.rnd, self.seed, self.batch_size = x, y, k, rnd, seed, batch_size
-        self.passes = 0
-
-    def __len__(self) -> int:
-        return -(-len(self.y) // self.batch_size)
-
-    def __iter__(self):
-        epoch, purpose = divmod(self.passes, 2)
-        self.passes += 1
-        seed = derive_seed(self.seed, self.rnd, self.k, epoch, ("personal", "global")[purpose])
-        order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(seed))
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            yield self.x[idx], self.y[idx]
-
-
 class ReferenceRun:
     """The reference's `fedselect_algorithm` in a worker thread that stops after each round's
     evaluation; `step()` runs one round and returns what was recorded of it."""
@@ -131,7 +109,7 @@ class ReferenceRun:
             if shared_order:
                 k = first_index[int(idxs_train[0])]
                 d = data.clients[k]
-                train = ReplayLoader(d.x_train, d.y_train, k, self.rnd, seed, args_.local_bs)
+                train = ReplayLoader(d.x_train, d.y_train, k, self.rnd, seed, args_.local_bs, ("personal", "global"))
             return train, test
 
         def delta_update(*a, **kw):
@@ -298,7 +276,7 @@ def main() -> None:
                         help="ours: uniform = the reference's sum / count; samples = weights n_k / n (1/K here: "
                              "the same mean, rounded differently)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
-    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here")
+    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
     parser.add_argument("--pins", action="store_true", help="print the numbers tests/test_parity_fedselect.py pins")
     parser.add_argument("--verbose", action="store_true", help="keep the reference's progress bars and prints")
     opts = parser.parse_args()
@@ -313,8 +291,14 @@ def main() -> None:
     finally:
         torch.cuda.is_available = real_cuda_check
     summary(runs)
+    rounds = {seed: [Round(r["round"], float(np.mean(r["ours"])), float(np.mean(r["theirs"])), r["ours_s"], r["theirs_s"])
+                     for r in rows] for seed, rows in runs.items()}
+    print_summary(rounds)
     if opts.json:
-        opts.json.write_text(json.dumps(dict(knobs=knobs, order=opts.order, runs=runs)))
+        save(opts.json, "FedSelect, faithful mode", "lapisrocks/fedselect @ 0949f8a",
+             f"mean client accuracy after local training, {knobs['dataset']} {knobs['shards_per_client']} shards, "
+             f"{knobs['num_clients']} clients, LeNet, batch order {opts.order}", rounds,
+             knobs | {"order": opts.order, "weighting": opts.weighting})
     if opts.pins:  # theirs: accuracy per round and client; masks after the last round
         for seed, rows in runs.items():
             print(f"seed {seed} theirs correct test samples:",

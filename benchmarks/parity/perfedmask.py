@@ -51,6 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
 from fl_core.devices import device_ratios  # noqa: E402
 from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca  # noqa: E402
 from fl_core.models import build_model, layer_groups  # noqa: E402
@@ -219,6 +220,7 @@ class AuthorsRun:
     """Their training pieces on our clients: one running model, their federation's aggregator."""
 
     def __init__(self, ref, sim, masks: np.ndarray, args, seed: int):
+        self.shared_order, self.our_seed, self.epochs = args.order == "shared", sim.config.seed, args.local_epochs
         from torch.utils.data import DataLoader, TensorDataset
         torch.manual_seed(seed)  # their set_seed: the DataLoaders' shuffling draws from it
         np.random.seed(seed)
@@ -243,7 +245,15 @@ class AuthorsRun:
                       for dl in self.train]
         self.loss = torch.nn.CrossEntropyLoss()
 
-    def round(self, lr: float) -> tuple[float, float]:
+    def loader(self, k: int, rnd: int, purpose: str):
+        """Client k's training loader: their shuffling DataLoader, or (order shared) one replaying
+        the batches our trainer draws for this round and purpose."""
+        if not self.shared_order:
+            return self.train[k]
+        d = self.train[k].dataset.tensors
+        return ReplayLoader(d[0], d[1], k, rnd, self.our_seed, 50, (purpose,))
+
+    def round(self, lr: float, rnd: int) -> tuple[float, float]:
         learning, model, fed, cpu = self.ref.learning, self.model, self.fed, torch.device("cpu")
         for k in fed.client_sampler.iter():
             fed.download(model, k)
@@ -252,7 +262,8 @@ class AuthorsRun:
                 q.requires_grad_(name in self.trains[k])
                 groups.append({"params": q, "lr": lr if name in self.trains[k] else 0.0})
             opt = torch.optim.SGD(groups, momentum=0.9, weight_decay=5e-4)
-            learning.train(model, self.train[k], opt, self.loss, cpu, max_iter=self.steps[k], progress=False)
+            learning.train(model, self.loader(k, rnd, "global"), opt, self.loss, cpu, max_iter=self.steps[k],
+                           progress=False)
             fed.mask_upload(model, k, self.trains[k])
         fed.aggregate()
         before, after = [], []
@@ -261,14 +272,15 @@ class AuthorsRun:
             before.append(learning.test(model, self.test[k], self.loss, cpu)[1])
             tuned = copy.deepcopy(model)
             tuned.requires_grad_(True)  # as in their test mode, where the model is built afresh
-            after.append(learning.personalization(tuned, self.train[k], self.test[k], self.loss, lr, cpu)[1])
+            after.append(learning.personalization(tuned, self.loader(k, rnd, "finetune"), self.test[k], self.loss, lr,
+                                                  cpu)[1])
         return float(np.mean(before)), float(np.mean(after))
 
 
 def compare_training(ref, args) -> None:
     torch.set_num_threads(args.threads)
-    finals = {"ours": [], "theirs": []}
-    seconds = {"ours": [], "theirs": []}
+    runs: dict[int, list[Round]] = {}
+    before_ft: dict[str, list[float]] = {"ours": [], "theirs": []}
     for seed in args.seeds:
         sim = our_simulation(args, seed)
         our_masks = sim.algorithm.solution.masks
@@ -285,30 +297,31 @@ def compare_training(ref, args) -> None:
             lrs = [schedule.step() for _ in range(args.rounds)]
         print(f"{'round':>5} {'lr':>7} | {'ours before':>11} {'after':>6} | {'theirs before':>13} {'after':>6} | "
               f"{'diff before':>11} {'after':>6} | wall s: ours theirs | cpu s: ours theirs")
+        runs[seed] = []
         for rnd in range(1, args.rounds + 1):
             assert abs(sim.config.lr_at(rnd) - lrs[rnd - 1]) < 1e-12, "lr schedules differ"
             c0, t0 = time.process_time(), time.perf_counter()
             result = sim.run_round()
             c1, t1 = time.process_time(), time.perf_counter()
-            before, after = run.round(lrs[rnd - 1])
+            before, after = run.round(lrs[rnd - 1], rnd)
             c2, t2 = time.process_time(), time.perf_counter()
             ours_b, ours_a = result.mean("acc_global"), result.mean("acc")
-            seconds["ours"].append((t1 - t0, c1 - c0))
-            seconds["theirs"].append((t2 - t1, c2 - c1))
+            runs[seed].append(Round(rnd, ours_a, after, t1 - t0, t2 - t1))
             print(f"{rnd:>5} {lrs[rnd - 1]:>7.4f} | {ours_b:>11.4f} {ours_a:>6.4f} | {before:>13.4f} {after:>6.4f} | "
                   f"{ours_b - before:>+11.4f} {ours_a - after:>+6.4f} | {t1 - t0:>6.1f} {t2 - t1:>6.1f} | "
                   f"{c1 - c0:>6.1f} {c2 - c1:>6.1f}", flush=True)
-        finals["ours"].append((ours_b, ours_a))
-        finals["theirs"].append((before, after))
-    print(f"== final round, {len(args.seeds)} seed(s): mean ± std over seeds")
-    for name, i in (("before fine-tuning", 0), ("after fine-tuning", 1)):
-        o, t = (np.array([v[i] for v in finals[k]]) for k in ("ours", "theirs"))
-        print(f"  {name:<19} ours {o.mean():.4f} ± {o.std():.4f}  theirs {t.mean():.4f} ± {t.std():.4f}  "
-              f"diff {o.mean() - t.mean():+.4f}")
-    for i, kind in ((0, "wall"), (1, "CPU (this process)")):
-        so, st = (np.mean([v[i] for v in seconds[k]]) for k in ("ours", "theirs"))
-        print(f"  {kind} seconds per round (training, both evaluations): ours {so:.2f}, theirs {st:.2f}, "
-              f"theirs / ours {st / so:.2f}")
+        before_ft["ours"].append(ours_b)
+        before_ft["theirs"].append(before)
+        if args.json:  # after every seed: a long run's finished seeds survive an interruption
+            save(args.json, "PerFedMask", "MehdiSet/PerFedMask @ 2ecd165",
+                 f"mean client accuracy after fine-tuning, Fashion-MNIST {args.clients} devices of {args.samples} "
+                 f"images ({args.partition}), LeNet 8-1, momentum scope {args.momentum_scope}, batch order {args.order}",
+                 runs, vars(args) | {"ref": str(args.ref), "json": str(args.json)})
+    print("== after fine-tuning (the accuracy PerFedMask reports)")
+    print_summary(runs)
+    o, t = before_ft["ours"], before_ft["theirs"]
+    print(f"   before fine-tuning (the global model), final round: ours {100 * np.mean(o):.1f}, "
+          f"theirs {100 * np.mean(t):.1f} (%, mean over seeds)")
 
 
 def main() -> None:
@@ -336,7 +349,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--lr-schedule", default="constant", choices=("constant", "multistep"),
                         help="multistep: their default, x0.1 at rounds R/2 and 3R/4")
+    parser.add_argument("--order", default="own", choices=("own", "shared"),
+                        help="own: their shuffling DataLoaders; shared: they replay our batch orders (training and fine-tuning)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both")
+    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
     args = parser.parse_args()
     args.ref = args.ref.resolve()
     ref = import_reference(args.ref, args.extra_path)
