@@ -17,7 +17,8 @@ it gets our clients as in-memory batch feeds, our initial weights and a silent l
 
     git clone https://github.com/rong-dai/DisPFL /tmp/DisPFL
     .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL                  # 10 clients, 5 rounds, seed 0
-    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --model lenet --rounds 40 --seeds 0 1 2  # full
+    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --model lenet --rounds 40 --seeds 0 1 2 \\
+        --skip-components --json dispfl.json   # full (~15 CPU min); then python -m benchmarks.parity.report dispfl.json
     .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --components-only
 """
 from __future__ import annotations

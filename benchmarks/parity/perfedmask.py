@@ -29,10 +29,15 @@ fl_core.models.layer_groups), with the masks their `optMask` chose. Ours: fl_cor
 Per round, alternating: mean accuracy before fine-tuning (the global model) and after (5 epochs
 of SGD on every parameter, their `personalization`, as their test mode runs it), and seconds.
 
+With `--order shared` their training and fine-tuning loaders replay the batches our trainer draws
+(benchmarks/parity/report.py `ReplayLoader`): with `--momentum-scope round` both then compute the
+same numbers, so any gap under `--order own` comes from the batch orders alone.
+
     .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 0   # masks only, ~1 min
     .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 3 --seeds 0
-    .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 50 --seeds 0 1 2 \\
-        --data-root ../shared/data     # the full setting
+    .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --skip-masks --rounds 50 --seeds 0 1 2 \\
+        --momentum-scope round --data-root ../shared/data --json pfm.json     # the full setting (~50 CPU min)
+    .venv/bin/python -m benchmarks.parity.report pfm.json --markdown          # the README's parity row
 """
 from __future__ import annotations
 
