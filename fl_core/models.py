@@ -100,8 +100,30 @@ def block_of(model_name: str, param_name: str) -> str | None:
 
 
 def head_module(model: nn.Module, model_name: str) -> nn.Module:
-    """The classifier module; its input is the model's feature vector (used by FedPAC)."""
+    """The classifier module; its input is the model's feature vector (FedPAC, MOON, FedRoD)."""
     return getattr(model, HEAD_PREFIX[model_name].rstrip("."))
+
+
+class FeatureTap:
+    """While entered, records the input of `head` (the feature vector, flattened per sample) at
+    every forward pass through it: `features` in call order, `z` the latest."""
+
+    def __init__(self, head: nn.Module) -> None:
+        self.head = head
+        self.features: list[torch.Tensor] = []
+
+    @property
+    def z(self) -> torch.Tensor:
+        if not self.features:
+            raise RuntimeError("FeatureTap: no forward pass went through the head yet")
+        return self.features[-1]
+
+    def __enter__(self) -> "FeatureTap":
+        self.handle = self.head.register_forward_pre_hook(lambda module, args: self.features.append(args[0].flatten(1)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
 
 
 def resolve_model_name(name: str, input_shape: tuple[int, int, int]) -> str:

@@ -183,7 +183,8 @@ class LocalTrainer:
                    loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
                    lr: float | None = None, momentum: float | None = None,
                    inplace: bool = False, max_grad_norm: float | None = None,
-                   velocity: dict[str, Tensor] | None = None) -> tuple[State, Tensor, int]:
+                   velocity: dict[str, Tensor] | None = None,
+                   grad_shift: Mapping[str, Tensor] | None = None) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
@@ -198,6 +199,10 @@ class LocalTrainer:
         tensors (Ditto's personal objective). `max_grad_norm` scales the loss gradient of the
         trained tensors down to that total L2 norm when it is larger, before weight decay, as
         `torch.nn.utils.clip_grad_norm_` before `optimizer.step()` (DisPFL's authors clip at 10).
+        `grad_shift` (a tensor per trained parameter, by name) is added to the loss gradient at
+        every step, after clipping (it corrects the gradient, it is not part of it) and before
+        weight decay, the prox term and momentum (so they act on the corrected gradient, as an
+        optimizer would on a corrected `.grad`): SCAFFOLD's control-variate correction c - c_k.
         The loss sum stays a device tensor so that callers decide when to synchronise.
         """
         sgd = self.sgd
@@ -215,6 +220,7 @@ class LocalTrainer:
         masks = [update[n] for n in names]
         masked_idx = [i for i, m in enumerate(masks) if m is not None]
         anchor = [prox[1][n] for n in names] if prox else None
+        shift = [grad_shift[n] for n in names] if grad_shift is not None else None
 
         n = x.shape[0]
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
@@ -237,6 +243,8 @@ class LocalTrainer:
                         if max_grad_norm is not None:
                             norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
                             torch._foreach_mul_(grads, torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
+                        if shift is not None:
+                            torch._foreach_add_(grads, shift)
                         if sgd.weight_decay:
                             torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
                         if anchor is not None:

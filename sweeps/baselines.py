@@ -5,6 +5,7 @@ resources, sinks and resume as every study; `python sweeps/run.py studies/baseli
     python sweeps/baselines.py                          # digits; 2 shards per client and Dir(0.1)
     python sweeps/baselines.py --dataset digits mnist --data-root ../shared/data --seeds 0 1 2
     python sweeps/baselines.py --algorithms fedselect fedrep ditto --partition dirichlet --dir-alpha 0.1 0.5
+    python sweeps/baselines.py --preset pfl --data-root ../shared/data   # Per-FedAvg ... MOON, Fashion-MNIST Dir(0.3)
 """
 from __future__ import annotations
 

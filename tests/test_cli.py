@@ -56,7 +56,7 @@ def test_cli_writes_rounds_and_clients_parquet(tmp_path, capsys):
     (["--dir-alpha", "0"], "dir_alpha=0.0 is outside the allowed range (0, inf)"),
     (["--dataset", "imagenet"], "dataset='imagenet' is not allowed; choose one of digits, mnist, fmnist, cifar10, synthetic"),
     (["--model", "vgg"], "model='vgg' is not allowed"),
-    (["--algorithm", "scaffold"], "algorithm='scaffold' is not allowed"),
+    (["--algorithm", "fedsgd"], "algorithm='fedsgd' is not allowed"),
     (["--shards-per-client", "11"], "11"),
     (["--dataset", "mnist", "--data-root", "/nonexistent/data"], "/nonexistent/data"),
 ])

@@ -75,3 +75,16 @@ def test_an_unknown_preset_is_one_error_naming_the_choices(capsys):
         build_parser(dispfl.STUDY).parse_args(["--preset", "cifar"])
     assert err.value.code == 2
     assert "invalid choice: 'cifar' (choose from 'default', 'fmnist')" in capsys.readouterr().err
+
+
+def test_the_pfl_baselines_preset_runs_every_new_method_beside_the_anchors_on_one_data_split(tmp_path):
+    """studies/baselines_pfl.toml: Per-FedAvg (FO, HF), pFedMe, APFL, FedFomo, pFedHN, FedRoD,
+    FedALA, SCAFFOLD and MOON with FedAvg, FedAvg+FT and Local, Fashion-MNIST Dir(0.3), 3 seeds:
+    every method on the same clients (one data key per seed, FedFomo's validation split for all)."""
+    plan = plan_of(baselines.STUDY, ["--preset", "pfl"], tmp_path)
+    methods = {"fedavg", "fedavg_ft", "local", "perfedavg_fo", "perfedavg_hf", "pfedme", "apfl", "fedfomo", "pfedhn",
+               "fedrod", "fedala", "scaffold", "moon"}
+    assert {c.algorithm for c in plan.configs} == methods and len(plan.configs) == 3 * len(methods)
+    assert {(c.dataset, c.partition, c.dir_alpha, c.val_fraction) for c in plan.configs} == {("fmnist", "dirichlet", 0.3, 0.2)}
+    assert len({c.data_key() for c in plan.configs}) == 3  # one client split per seed, shared by all methods
+    assert {c.lr for c in plan.configs if c.algorithm == "pfedme"} == {0.05}  # lr·λ = 0.75 < 1

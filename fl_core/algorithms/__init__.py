@@ -38,6 +38,16 @@ _IMPLEMENTATIONS = {
     "ft": ("ft", "FineTune"),
     "l2p": ("l2p", "L2P"),
     "fedl2p": ("fedl2p", "FedL2P"),
+    "perfedavg_fo": ("perfedavg", "PerFedAvgFO"),
+    "perfedavg_hf": ("perfedavg", "PerFedAvgHF"),
+    "pfedme": ("pfedme", "PFedMe"),
+    "apfl": ("apfl", "APFL"),
+    "fedfomo": ("fedfomo", "FedFomo"),
+    "pfedhn": ("pfedhn", "PFedHN"),
+    "fedrod": ("fedrod", "FedRoD"),
+    "fedala": ("fedala", "FedALA"),
+    "scaffold": ("scaffold", "SCAFFOLD"),
+    "moon": ("moon", "MOON"),
 }
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 

@@ -65,7 +65,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import masked_average
-from ..models import head_module
+from ..models import FeatureTap, head_module
 from ..training import State, load_state
 from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
 
@@ -183,24 +183,6 @@ def alignment_loss(z: Tensor, y: Tensor, protos: Tensor, known: Tensor) -> Tenso
     return ((z - protos[y]).pow(2).sum(1) * keep).sum() / z.numel()
 
 
-class _FeatureTap:
-    """Captures the input of the head module (the feature vector) during forward passes."""
-
-    def __init__(self, head: nn.Module) -> None:
-        self.head = head
-        self.z: Tensor | None = None
-
-    def __enter__(self) -> "_FeatureTap":
-        self.handle = self.head.register_forward_pre_hook(self._hook)
-        return self
-
-    def _hook(self, module: nn.Module, args: tuple) -> None:
-        self.z = args[0].flatten(1)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.handle.remove()
-
-
 # ---------------------------------------------------------------------------- the algorithm
 class FedPAC(Algorithm):
     name = "fedpac"
@@ -234,7 +216,7 @@ class FedPAC(Algorithm):
         load_state(model, state)
         model.eval()
         out = []
-        with _FeatureTap(head_module(model, self.model_name)) as tap:
+        with FeatureTap(head_module(model, self.model_name)) as tap:
             for start in range(0, x.shape[0], batch_size):
                 model(x[start:start + batch_size])
                 out.append(tap.z)
@@ -246,7 +228,7 @@ class FedPAC(Algorithm):
         lam, model_name = self.lam, self.model_name
 
         def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-            with _FeatureTap(head_module(model, model_name)) as tap:
+            with FeatureTap(head_module(model, model_name)) as tap:
                 logits = model(x)
             return F.cross_entropy(logits, y) + lam * alignment_loss(tap.z, y, protos, known)
 
