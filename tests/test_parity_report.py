@@ -77,3 +77,13 @@ def test_the_replay_loader_yields_the_batches_our_trainer_draws():
     replayed = [yb for _ in range(3) for _, yb in loader]
     assert len(replayed) == len(seen) == 15
     assert all(torch.equal(a, b) for a, b in zip(replayed, seen))
+
+
+def test_the_readme_parity_table_is_the_report_of_the_measured_runs():
+    """The README's whole-run parity table is `report --markdown` over benchmarks/parity/measured,
+    not numbers typed by hand (regenerate it when a run is redone)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "benchmarks" / "parity" / "measured").glob("*.json"))
+    assert {p.stem for p in runs} >= {"dispfl", "pfm", "fs_own", "fs_shared"}
+    assert markdown(runs) in (root / "README.md").read_text()

@@ -30,8 +30,9 @@ Per round, alternating: mean accuracy before fine-tuning (the global model) and 
 of SGD on every parameter, their `personalization`, as their test mode runs it), and seconds.
 
 With `--order shared` their training and fine-tuning loaders replay the batches our trainer draws
-(benchmarks/parity/report.py `ReplayLoader`): with `--momentum-scope round` both then compute the
-same numbers, so any gap under `--order own` comes from the batch orders alone.
+(benchmarks/parity/report.py `ReplayLoader`): with `--momentum-scope round` both then give the same
+accuracies to the last digit for the first rounds (2 to 4 of 20, by seed; measured at 2ecd165)
+until float-rounding differences, amplified by training, surface.
 
     .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 0   # masks only, ~1 min
     .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 3 --seeds 0
