@@ -20,6 +20,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from .training import batch_order
+
 Params = dict[str, Tensor]
 # loss(model, params, buffers, x, y) -> scalar; the default is cross-entropy of the model's logits.
 FunctionalLoss = Callable[[nn.Module, Params, Params, Tensor, Tensor], Tensor]
@@ -61,7 +63,7 @@ def functional_sgd(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapp
     n = x.shape[0]
     try:
         for _ in range(epochs):
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
+            order = batch_order(seed, n, x.device)
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
                 loss = loss_fn(model, params, buffers, x[idx], y[idx])

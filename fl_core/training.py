@@ -55,6 +55,13 @@ def derive_seed(*parts: int | str) -> int:
     return int(np.random.SeedSequence(words).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def batch_order(seed: int, n: int, device: torch.device | str = "cpu") -> Tensor:
+    """The order in which a pass seeded with `seed` visits n samples: the one rule every pass
+    uses (`LocalTrainer.train_pass`, `functional.functional_sgd`), so that code outside the trainer
+    (Per-FedAvg's batches, the parity scripts' replayed loaders) can reproduce its batches."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
 @dataclass(frozen=True)
 class SGDSettings:
     lr: float
@@ -223,7 +230,7 @@ class LocalTrainer:
         shift = [grad_shift[n] for n in names] if grad_shift is not None else None
 
         n = x.shape[0]
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
+        order = batch_order(seed, n, x.device)
         loss_sum = torch.zeros((), device=x.device)
         try:
             with self.bound(new) as model:

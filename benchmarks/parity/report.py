@@ -22,9 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
-from fl_core.training import derive_seed
+from fl_core.training import batch_order, derive_seed
 
 CONVERGED_WITHIN = 0.01  # accuracy the last five rounds' mean may move from the five before
 
@@ -155,7 +153,7 @@ class ReplayLoader:
         epoch, i = divmod(self.passes, len(self.purposes))
         self.passes += 1
         seed = derive_seed(self.seed, self.rnd, self.k, epoch, self.purposes[i])
-        order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(seed))
+        order = batch_order(seed, len(self.y))
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             yield self.x[idx], self.y[idx]

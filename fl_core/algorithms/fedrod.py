@@ -73,19 +73,16 @@ class TwoHeadNet(nn.Module):
         self.add_module(P_HEAD, nn.Linear(head.in_features, head.out_features))
         nn.init.zeros_(self.personal_head.weight)
         nn.init.zeros_(self.personal_head.bias)
-        # Not a submodule (its modules are registered above): its forward gives g(z), and a hook on
-        # its head keeps the head's input z.
+        # Not submodules (their modules are registered above): the generic model's forward gives
+        # g(z), and its head's input is z.
         self.__dict__["generic"] = generic
-        self.__dict__["last_features"] = None
-        head.register_forward_pre_hook(self._keep_features)
-
-    def _keep_features(self, module: nn.Module, args: tuple) -> None:
-        self.__dict__["last_features"] = args[0]
+        self.__dict__["head"] = head
 
     def outputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(g(z), z): the generic logits and the features they were computed from."""
-        logits = self.generic(x)
-        return logits, self.__dict__["last_features"]
+        with models.FeatureTap(self.__dict__["head"]) as tap:
+            logits = self.generic(x)
+        return logits, tap.z
 
     def forward(self, x: Tensor) -> Tensor:
         g, z = self.outputs(x)

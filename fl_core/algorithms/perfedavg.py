@@ -63,7 +63,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..functional import functional_cross_entropy, hvp
 from ..knobs import MethodParams, knob
-from ..training import State, derive_seed
+from ..training import State, batch_order, derive_seed
 from .base import Algorithm, LocalStats
 
 
@@ -81,11 +81,6 @@ class PerFedAvgParams(MethodParams):
 class PerFedAvgHFParams(PerFedAvgParams):
     perfedavg_delta: float = knob(0.001, "δ of the finite-difference Hessian-vector product "
                                   "(0: the exact product by double backward)", low=0)
-
-
-def seeded_order(seed: int, n: int, device: torch.device) -> Tensor:
-    """The permutation `LocalTrainer.train_pass` draws for `seed` (the engine's batch order)."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 class PerFedAvgFO(Algorithm):
@@ -119,9 +114,9 @@ class PerFedAvgFO(Algorithm):
                      epoch: int) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
         """(D, D', D'') index batches of each step of one epoch (D'' None for FO)."""
         n, size, dev, seed = data.n_train, self.config.batch_size, data.x_train.device, self.config.seed
-        inner = seeded_order(derive_seed(seed, rnd, k, epoch, "perfedavg_inner"), n, dev)
-        outer = seeded_order(derive_seed(seed, rnd, k, epoch, "global"), n, dev)  # FedAvg's batches
-        hess = seeded_order(derive_seed(seed, rnd, k, epoch, "perfedavg_hessian"), n, dev) if self.hessian else None
+        inner = batch_order(derive_seed(seed, rnd, k, epoch, "perfedavg_inner"), n, dev)
+        outer = batch_order(derive_seed(seed, rnd, k, epoch, "global"), n, dev)  # FedAvg's batches
+        hess = batch_order(derive_seed(seed, rnd, k, epoch, "perfedavg_hessian"), n, dev) if self.hessian else None
         for start in range(0, n, size):
             cut = slice(start, start + size)
             yield inner[cut], outer[cut], None if hess is None else hess[cut]
@@ -201,7 +196,7 @@ class PerFedAvgFO(Algorithm):
         passes = 0
         while len(batches) < steps and n:
             seed = derive_seed(self.config.seed, rnd, k, passes, "perfedavg_adapt")
-            order = seeded_order(seed, n, data.x_train.device)
+            order = batch_order(seed, n, data.x_train.device)
             batches += [order[s:s + size] for s in range(0, n, size)]
             passes += 1
         return batches[:steps]
