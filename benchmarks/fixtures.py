@@ -16,11 +16,12 @@ from fl_core.data import ClientData, FederatedData
 
 
 def random_federated(num_clients: int, shape: tuple[int, int, int], n_train: int, n_test: int,
-                     num_classes: int = 10, seed: int = 0) -> FederatedData:
-    """`num_clients` clients with `n_train`/`n_test` float32 samples of `shape`, 2 classes each."""
+                     num_classes: int = 10, seed: int = 0, n_val: int = 0) -> FederatedData:
+    """`num_clients` clients with `n_train`/`n_test` (and `n_val` validation) float32 samples of
+    `shape`, 2 classes each."""
     g = torch.Generator().manual_seed(seed)
     protos = torch.randn(num_classes, *shape, generator=g)
-    clients, train_hist, test_hist = [], [], []
+    clients, train_hist, test_hist, val_hist = [], [], [], []
     for k in range(num_clients):
         classes = torch.tensor([(2 * k) % num_classes, (2 * k + 1) % num_classes])
 
@@ -30,11 +31,14 @@ def random_federated(num_clients: int, shape: tuple[int, int, int], n_train: int
 
         x_tr, y_tr = draw(n_train)
         x_te, y_te = draw(n_test)
-        clients.append(ClientData(x_tr, y_tr, x_te, y_te))
+        x_va, y_va = draw(n_val) if n_val else (None, None)  # n_val = 0 draws nothing: the data are as before
+        clients.append(ClientData(x_tr, y_tr, x_te, y_te, x_va, y_va))
         train_hist.append(np.bincount(y_tr.numpy(), minlength=num_classes))
         test_hist.append(np.bincount(y_te.numpy(), minlength=num_classes))
+        val_hist.append(np.bincount(y_va.numpy(), minlength=num_classes) if n_val else np.zeros(num_classes))
     return FederatedData(clients, num_classes, shape, np.stack(train_hist).astype(np.int64),
-                         np.stack(test_hist).astype(np.int64))
+                         np.stack(test_hist).astype(np.int64),
+                         np.stack(val_hist).astype(np.int64))
 
 
 def _storages(obj: Any, seen: dict[int, int]) -> None:
