@@ -4,7 +4,10 @@ A round (hooks in fl_core/algorithms/base.py): the algorithm picks the participa
 locally (a participant that missed broadcasts first downloads the current model); then either the
 server averages the participants and broadcasts to them, or, for server-less methods, every
 client averages with its neighbours; on evaluated rounds (`eval_every`, always the last) every
-client is scored (a client that missed broadcasts as it would start its next round). Traffic is
+client is scored (a client that missed broadcasts as it would start its next round), each
+distinct model once: the model after local training is scored again after the communication step
+only if that step changed it, and a personalized model that is the broadcast state is not scored
+a second time (`_Snapshot`, `_same_state`). Traffic is
 counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
 never take part; after the last round each joins as a newcomer and is scored (`_newcomer`), in
 rows marked `pool = "unseen"` that no seen-client mean includes.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -172,7 +176,7 @@ class Simulation:
             losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
             metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
             if evaluate:
-                after_local[k] = self._scores(client.state, d)
+                after_local[k] = self._scores(client.state, d), _Snapshot(client.state)
             seconds[k] += time.perf_counter() - t0
 
         aggregated = algo.communicates and algo.aggregates_in(rnd)
@@ -191,14 +195,19 @@ class Simulation:
             t0 = time.perf_counter()
             acc_local = acc_global = acc = acc_val = NAN
             if evaluate:
-                acc_local, val_local = after_local[k] if k in after_local else self._scores(client.state, d)
+                (acc_local, val_local), scored = (after_local[k] if k in after_local
+                                                  else (self._scores(client.state, d), _Snapshot(client.state)))
                 # A client that missed broadcasts is evaluated as it would start its next round.
                 current = client if self.synced[k] or not server else _caught_up(algo, client)
-                acc_global, val_global = (self._scores(current.state, d)
-                                          if current is not client or (aggregated and k in taking_part)
-                                          else (acc_local, val_local))
+                # One pass where the communication step left the scored model as it was (a method
+                # that broadcasts no weights to this client: FedL2P's second stage, Local, ...).
+                acc_global, val_global = ((acc_local, val_local) if scored.holds(current.state)
+                                          else self._scores(current.state, d))
                 if algo.acc_from == "custom":
-                    acc, acc_val = self._scores(algo.personalized_model(k, current, d, rnd), d)
+                    chosen = algo.personalized_model(k, current, d, rnd)
+                    # the model just scored as acc_global (FedProx and the FT family at 0 epochs): one pass
+                    acc, acc_val = ((acc_global, val_global) if _same_state(chosen, current.state)
+                                    else self._scores(chosen, d))
                 else:
                     acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
                 metrics[k] = metrics.get(k, {}) | _checked_metrics(algo.name, algo.evaluation_metrics(k, current, d))
@@ -320,6 +329,25 @@ class _Placed(NamedTuple):
     clients: list[int]
     up: list[int]
     down: list[int]
+
+
+class _Snapshot:
+    """Which tensors a state held when it was scored, and at which in-place version each, held
+    weakly (a snapshot keeps no model alive): `holds(state)` is true while `state` holds exactly
+    those tensors, none modified in place since (then its scores are still the state's)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.refs = {n: (weakref.ref(t), t._version) for n, t in state.items()}
+
+    def holds(self, state: dict[str, torch.Tensor]) -> bool:
+        return state.keys() == self.refs.keys() and all(
+            ref() is state[n] and state[n]._version == version for n, (ref, version) in self.refs.items())
+
+
+def _same_state(model, state: dict[str, torch.Tensor]) -> bool:
+    """Whether `model` (a state or a predictor) is `state` itself or a dict of its very tensors."""
+    return model is state or (isinstance(model, dict) and model.keys() == state.keys()
+                              and all(model[n] is t for n, t in state.items()))
 
 
 def _caught_up(algo, client: ClientState) -> ClientState:

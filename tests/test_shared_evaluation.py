@@ -1,0 +1,72 @@
+"""One evaluation pass per distinct model: the engine scores a client's model after local
+training, and scores it again after the communication step only where that step changed it;
+a custom personalized model that is the broadcast state itself is not scored twice. A state
+changed in place (same tensors, new values) is scored again."""
+import pytest
+import torch
+
+from fl_core import simulation
+from fl_core.algorithms.fedavg import FedAvg
+from fl_core.simulation import Simulation
+from fl_core.training import LocalTrainer
+
+from conftest import tiny
+
+
+def count_passes(monkeypatch, sim):
+    """Replace the trainer's evaluate by a counting wrapper; returns the list it appends to."""
+    calls = []
+    original = LocalTrainer.evaluate
+
+    def counted(self, model, x, y, batch_size=1024):
+        calls.append(x.shape[0])
+        return original(self, model, x, y, batch_size)
+
+    monkeypatch.setattr(LocalTrainer, "evaluate", counted)
+    return calls
+
+
+def run_all(sim):
+    return [[(c.acc, c.acc_local, c.acc_global) for c in r.clients] for r in sim.run()]
+
+
+@pytest.mark.parametrize("algorithm, passes_per_client", [
+    ("fedavg", 2),     # after local training and after the broadcast: two models
+    ("fedprox", 2),    # acc is the broadcast state itself (no fine-tuning epochs): not scored a third time
+    ("local", 1),      # nothing is broadcast: the trained model is the model after communication
+])
+def test_each_distinct_model_is_scored_once_per_round(monkeypatch, algorithm, passes_per_client):
+    reference = run_all(Simulation(tiny(algorithm=algorithm)))  # before counting: the same numbers
+    sim = Simulation(tiny(algorithm=algorithm))
+    calls = count_passes(monkeypatch, sim)
+    assert run_all(sim) == reference
+    rounds, clients = sim.config.rounds, sim.config.num_clients
+    assert len(calls) == passes_per_client * clients * rounds
+
+
+class ShiftsInPlace(FedAvg):
+    """FedAvg whose clients keep their trained tensors after communication, one logit's bias
+    raised in place."""
+
+    def aggregate(self, clients, data, rnd):
+        traffic = super().aggregate(clients, data, rnd)
+        for client in clients:  # undo the broadcast's new tensors: the trained ones, changed in place
+            client.state = dict(self.trained[id(client)])
+            with torch.no_grad():
+                client.state["head.bias"][0].add_(100.0)  # through a view: every prediction is class 0
+        return traffic
+
+    def local_update(self, k, client, data, rnd):
+        stats = super().local_update(k, client, data, rnd)
+        self.trained = getattr(self, "trained", {})
+        self.trained[id(client)] = dict(client.state)
+        return stats
+
+
+def test_a_state_changed_in_place_after_scoring_is_scored_again(monkeypatch):
+    monkeypatch.setattr(simulation, "get_algorithm", lambda name: ShiftsInPlace)
+    sim = Simulation(tiny(algorithm="fedavg", rounds=1, batch_size=1000))
+    calls = count_passes(monkeypatch, sim)
+    result = sim.run_round()
+    assert len(calls) == 2 * sim.config.num_clients  # the same tensor objects, but modified: scored again
+    assert any(c.acc_local != c.acc_global for c in result.clients)
