@@ -67,6 +67,17 @@ def prune_count(rate: float, active: int) -> int:
     return math.ceil(rate * active - 1e-9)
 
 
+def first_smallest(scores: Tensor, count: int) -> Tensor:
+    """A flat bool mask of the `count` smallest entries of the flat `scores`, ties by flat index,
+    lowest first: exactly `torch.sort(scores, stable=True).indices[:count]`, found by a selection
+    (`kthvalue`, linear time) instead of a sort. Needs 0 < count <= len(scores); NaN-free."""
+    kth = torch.kthvalue(scores, count).values
+    chosen = scores < kth
+    ties = torch.nonzero(scores == kth).reshape(-1)[:count - int(chosen.sum())]
+    chosen[ties] = True
+    return chosen
+
+
 def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
     """Prune `count` more entries: the unpruned ones with the smallest |weight| (`pruned`: True =
     inactive). Exactly `count` (fewer only if fewer are unpruned); ties by flat index, lowest
@@ -75,11 +86,12 @@ def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
     count = min(count, int((~flat).sum()))
     if count <= 0:
         return pruned.clone()
-    scores = weight.detach().reshape(-1).abs().to(torch.float64).masked_fill(flat, math.inf)
-    order = torch.sort(scores, stable=True).indices
-    new = flat.clone()
-    new[order[:count]] = True
-    return new.reshape(pruned.shape)
+    scores = weight.detach().reshape(-1).abs().masked_fill(flat, math.inf)
+    if torch.isnan(scores).any():  # no order for NaN in a selection: the sort places it last
+        new = flat.clone()
+        new[torch.sort(scores, stable=True).indices[:count]] = True
+        return new.reshape(pruned.shape)
+    return (flat | first_smallest(scores, count)).reshape(pruned.shape)
 
 
 def regrow(pruned: Tensor, count: int, generator: torch.Generator, scores: Tensor | None = None) -> Tensor:
@@ -92,11 +104,14 @@ def regrow(pruned: Tensor, count: int, generator: torch.Generator, scores: Tenso
     if count > 0:
         if scores is None:
             candidates = torch.nonzero(flat).reshape(-1)
-            chosen = candidates[torch.randperm(len(candidates), generator=generator)[:count]]
+            new[candidates[torch.randperm(len(candidates), generator=generator)[:count]]] = False
         else:
-            score = scores.detach().reshape(-1).abs().to(torch.float64).masked_fill(~flat, -1.0)
-            chosen = torch.sort(score, descending=True, stable=True).indices[:count]
-        new[chosen] = False
+            score = scores.detach().reshape(-1).abs().neg().masked_fill(~flat, math.inf)  # largest |score| first
+            if torch.isnan(score).any():  # the sort's order, where NaN ranks first
+                legacy = scores.detach().reshape(-1).abs().to(torch.float64).masked_fill(~flat, -1.0)
+                new[torch.sort(legacy, descending=True, stable=True).indices[:count]] = False
+            else:
+                new &= ~first_smallest(score, count)
     return new.reshape(pruned.shape)
 
 

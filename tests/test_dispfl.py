@@ -82,6 +82,41 @@ def test_prune_rate_follows_the_cosine_schedule_and_prune_regrow_keep_the_count(
     assert by_gradient.tolist() == [False, True, False, True, False, False]  # the two largest |g| among pruned
 
 
+def sorted_prune(weight, pruned, count):
+    """The definition: the `count` unpruned entries first in a stable sort of |weight| go."""
+    flat = pruned.reshape(-1).clone()
+    count = min(count, int((~flat).sum()))
+    scores = weight.reshape(-1).abs().to(torch.float64).masked_fill(flat, math.inf)
+    flat[torch.sort(scores, stable=True).indices[:max(count, 0)]] = True
+    return flat.reshape(pruned.shape)
+
+
+def sorted_regrow(pruned, count, scores):
+    """The definition: the `count` pruned entries first in a stable descending sort of |score| come back."""
+    flat = pruned.reshape(-1).clone()
+    count = min(count, int(flat.sum()))
+    ranked = scores.reshape(-1).abs().to(torch.float64).masked_fill(~flat, -1.0)
+    flat[torch.sort(ranked, descending=True, stable=True).indices[:max(count, 0)]] = False
+    return flat.reshape(pruned.shape)
+
+
+def test_prune_and_regrow_by_selection_choose_what_a_stable_sort_chooses_ties_and_nan_included():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(600):
+        shape = (int(torch.randint(1, 40, (1,), generator=g)), 1 + trial % 3)
+        # small integers make many ties; every 7th/11th case has a NaN (the sort ranks it apart)
+        weight = torch.randint(-4, 5, shape, generator=g).float() if trial % 2 else torch.randn(shape, generator=g)
+        scores = torch.randint(-3, 4, shape, generator=g).float() if trial % 3 else torch.randn(shape, generator=g)
+        if trial % 7 == 0:
+            weight[0, 0] = float("nan")
+        if trial % 11 == 0:
+            scores[-1, -1] = float("nan")
+        pruned = torch.rand(shape, generator=g) < 0.4
+        count = int(torch.randint(0, weight.numel() + 2, (1,), generator=g))
+        assert torch.equal(prune_smallest(weight, pruned, count), sorted_prune(weight, pruned, count)), trial
+        assert torch.equal(regrow(pruned, count, torch.Generator(), scores), sorted_regrow(pruned, count, scores)), trial
+
+
 def test_erk_densities_total_the_density_and_keep_1d_tensors_dense():
     shapes = {"conv.weight": (16, 6, 5, 5), "conv.bias": (16,), "fc.weight": (120, 400), "head.weight": (10, 84)}
     dens = layer_densities(shapes, 0.3)
