@@ -7,7 +7,7 @@ client averages with its neighbours; on evaluated rounds (`eval_every`, always t
 client is scored (a client that missed broadcasts as it would start its next round), each
 distinct model once: the model after local training is scored again after the communication step
 only if that step changed it, and a personalized model that is the broadcast state is not scored
-a second time (`_Snapshot`, `_same_state`). Traffic is
+a second time (`_Snapshot`). Traffic is
 counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
 never take part; after the last round each joins as a newcomer and is scored (`_newcomer`), in
 rows marked `pool = "unseen"` that no seen-client mean includes.
@@ -201,12 +201,15 @@ class Simulation:
                 current = client if self.synced[k] or not server else _caught_up(algo, client)
                 # One pass where the communication step left the scored model as it was (a method
                 # that broadcasts no weights to this client: FedL2P's second stage, Local, ...).
-                acc_global, val_global = ((acc_local, val_local) if scored.holds(current.state)
-                                          else self._scores(current.state, d))
+                if not scored.holds(current.state):
+                    scored = _Snapshot(current.state)
+                    acc_global, val_global = self._scores(current.state, d)
+                else:
+                    acc_global, val_global = acc_local, val_local
                 if algo.acc_from == "custom":
                     chosen = algo.personalized_model(k, current, d, rnd)
                     # the model just scored as acc_global (FedProx and the FT family at 0 epochs): one pass
-                    acc, acc_val = ((acc_global, val_global) if _same_state(chosen, current.state)
+                    acc, acc_val = ((acc_global, val_global) if isinstance(chosen, dict) and scored.holds(chosen)
                                     else self._scores(chosen, d))
                 else:
                     acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
@@ -342,12 +345,6 @@ class _Snapshot:
     def holds(self, state: dict[str, torch.Tensor]) -> bool:
         return state.keys() == self.refs.keys() and all(
             ref() is state[n] and state[n]._version == version for n, (ref, version) in self.refs.items())
-
-
-def _same_state(model, state: dict[str, torch.Tensor]) -> bool:
-    """Whether `model` (a state or a predictor) is `state` itself or a dict of its very tensors."""
-    return model is state or (isinstance(model, dict) and model.keys() == state.keys()
-                              and all(model[n] is t for n, t in state.items()))
 
 
 def _caught_up(algo, client: ClientState) -> ClientState:
