@@ -2,16 +2,18 @@
 
 For each method, in one process: rounds of a 10-client run (100 training and 100 test images per
 client, 20 validation images, one local epoch, batch 32, every round evaluated) are timed while a
-forward hook on the run's model records each forward pass: its input shape, whether gradients
-were on and which parameters were being trained. The limit of a round is its trace replayed in a
-tight loop on a fresh model of the same architecture: a forward with gradients becomes a
-forward, a cross-entropy backward into the same parameters and an SGD step on them; a forward
-without gradients (an evaluation, MOON's frozen models) a forward alone. Round / limit is then
-what the engine adds to the compute the method chose to do: state copies, masking, aggregation,
-bookkeeping, and compute that is not a forward or backward of the run's model (Per-FedAvg HF's
-Hessian-vector products, FedL2P's meta-networks and hypergradient, pFedHN's hypernetwork,
-HeteroFL's and SplitMix's sub-models, pFedMe's proximal steps): the `outside` column says where a
-method's own extra work is of that kind, so that its ratio is read as such.
+forward hook on the run's model (on its first layer with parameters, which every pass runs)
+records each forward pass: its input shape, whether gradients were on and which parameters were
+being trained. The limit of a round is its trace replayed in a tight loop on a fresh model of the
+same architecture: a forward with gradients becomes a forward, a cross-entropy backward into the
+same parameters and an SGD step on them; a forward without gradients (an evaluation, MOON's
+frozen models) a forward alone. Round / limit is then what the engine adds to the compute the
+method chose to do: state copies, masking, aggregation, bookkeeping, and the method's compute that
+is not a plain forward or backward of the run's model, named in the last column so that its
+ratio is read as such (Per-FedAvg HF's Hessian-vector products, FedL2P's meta-networks and
+hypergradient, pFedHN's hypernetwork, pFedMe's proximal steps, DisPFL's and PerFedMask's mask
+search). HeteroFL's and SplitMix's narrow sub-models are replayed at full width, which overstates
+their limit (a ratio below 1).
 
 One more, untimed round fingerprints every forward without gradients (its input and the model's
 parameter values): the same model scored on the same inputs twice in one round is repeated work,
