@@ -17,12 +17,14 @@ adapted from outside, at run time:
 Both sides take turns round by round in one process; each round's score is the mean over clients
 of the broadcast model's accuracy on the client's test set (our `acc`).
 
-Per seed it prints every round's accuracies and the size of each side's server control
-variate ‖c‖, and whether it became non-finite (the run diverged).
+Per seed it prints every round's accuracies, the size of each side's server control variate ‖c‖
+and the largest difference between the two global models' parameters, and at the end whether each
+side's ‖c‖ became non-finite (the run diverged).
 
     .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --lr 0.02 \\
         --seeds 0 1 2 --json scaffold.json
-    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --lr 0.05 --seeds 0 1 2 3 4 5 6 7
+    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --lr 0.05 --seeds 0 1 2 3 4 5
+    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --order shared --rounds 5
 """
 from __future__ import annotations
 
@@ -106,8 +108,11 @@ def run_seed(seed: int, args: argparse.Namespace, client_cls, server_cls) -> tup
         t2 = time.perf_counter()
         rows.append(Round(rnd, ours, theirs, t2 - t1, t1 - t0))
         c_ours, c_theirs = norm(sim.algorithm.control.values()), norm(server.global_c)
+        with torch.no_grad():
+            gap = max(float((p - sim.algorithm.global_state[n]).abs().max())
+                      for n, p in server.global_model.named_parameters())
         print(f"seed {seed} round {rnd:3d}  ours {100 * ours:5.1f}  theirs {100 * theirs:5.1f}  "
-              f"|c| ours {c_ours:9.3g} theirs {c_theirs:9.3g}", flush=True)
+              f"|c| ours {c_ours:9.3g} theirs {c_theirs:9.3g}  largest parameter difference {gap:.2g}", flush=True)
     diverged = {"ours": not torch.isfinite(torch.tensor(c_ours)).item(),
                 "theirs": not torch.isfinite(torch.tensor(c_theirs)).item()}
     return rows, diverged
