@@ -168,9 +168,34 @@ def _threads_note(trials: pd.DataFrame) -> str:
     return f"Torch threads per run: {', '.join(map(str, counts))}."
 
 
+def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Per (method, setting) cell, the trials of one configuration: where a cell holds several
+    (say, two learning rates of one method), those of the configuration with the best final
+    accuracy (mean over its seeds), each such choice named in a note; other cells as they are."""
+    from .plots import config_knobs, config_keys
+
+    keys = config_keys(trials)
+    knobs = [k for k in config_knobs(trials.columns) if k != "algorithm"]
+    keep = pd.Series(True, index=trials.index)
+    notes = []
+    for (method, setting), cell in trials.groupby(["method", "setting"], sort=False):
+        cell_keys = keys[cell.index]
+        if cell_keys.nunique() < 2:
+            continue
+        best = cell["acc_mean"].groupby(cell_keys).mean().idxmax()
+        keep[cell.index] = cell_keys == best
+        chosen = cell[cell_keys == best].iloc[0]
+        varying = [k for k in knobs if cell[k].astype(str).nunique() > 1]
+        values = ", ".join(f"{k} = {chosen[k]}" for k in varying)
+        notes.append(f"{method} in {setting}: at {values}, the best final accuracy of its "
+                     f"{cell_keys.nunique()} configurations (the others not shown).")
+    return trials[keep], notes
+
+
 def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     """Table 1: methods × data settings. FedSelect (gradselect) rows are taken at its most common
-    (p, α) and every method at the most common local epochs, so that no cell mixes configurations."""
+    (p, α), every method at the most common local epochs, and a cell with several configurations
+    at its best (`_one_configuration`, said in a note), so that no cell mixes configurations."""
     trials = _labelled(trials)
     epochs = _most_common(trials, ["local_epochs"])
     trials = _at(trials, ["local_epochs"], epochs)
@@ -183,6 +208,8 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
         values = _most_common(trials[fedselect], knobs)
         trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
         notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
+    trials, chosen = _one_configuration(trials)
+    notes += chosen
     notes.append(_evaluated_note(trials))
     notes.append(_threads_note(trials))
     table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
