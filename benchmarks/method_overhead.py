@@ -7,11 +7,12 @@ records each forward pass: its input shape, whether gradients were on and which 
 being trained. The limit of a round is its trace replayed in a tight loop on a fresh model of the
 same architecture: a forward with gradients becomes a forward, a cross-entropy backward into the
 same parameters and an SGD step on them; a forward without gradients (an evaluation, MOON's
-frozen models) a forward alone. Round / limit is then what the engine adds to the compute the
-method chose to do: state copies, masking, aggregation, bookkeeping, and the method's compute that
-is not a plain forward or backward of the run's model, named in the last column so that its
-ratio is read as such (Per-FedAvg HF's Hessian-vector products, FedL2P's meta-networks and
-hypergradient, pFedHN's hypernetwork, pFedMe's proximal steps, DisPFL's and PerFedMask's mask
+frozen models) a forward alone. The loop steps with torch's own foreach SGD, so that it costs
+what an efficient plain training loop does. Round / limit is then what the engine adds to the
+compute the method chose to do: state copies, masking, aggregation, bookkeeping, and the method's
+compute that is not a plain forward or backward of the run's model, named in the last column so
+that its ratio is read as such (Per-FedAvg HF's Hessian-vector products, FedL2P's meta-networks
+and hypergradient, pFedHN's hypernetwork, pFedMe's proximal steps, DisPFL's and PerFedMask's mask
 search). HeteroFL's and SplitMix's narrow sub-models are replayed at full width, which overstates
 their limit (a ratio below 1).
 
@@ -88,8 +89,10 @@ class Trace:
 
 
 def replay(model: nn.Module, events: list, inputs: dict, lr: float = 0.1) -> float:
-    """Seconds of the traced forwards (and backwards, SGD steps) in a tight loop on `model`."""
+    """Seconds of the traced forwards (and backwards, SGD steps) in a tight loop on `model`: the
+    parameters a traced step trained get gradients and a foreach SGD step, the others none."""
     params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=lr, foreach=True)
     start = time.perf_counter()
     for shape, grad, trained in events:
         x = inputs[shape[1:]][:shape[0]]
@@ -99,15 +102,16 @@ def replay(model: nn.Module, events: list, inputs: dict, lr: float = 0.1) -> flo
                 model(x)
             continue
         model.train()
-        chosen = [params[i] for i in trained]
+        chosen = set(trained)
+        for i, p in enumerate(params):
+            p.requires_grad_(i in chosen)
         out = model(x)
         logits = out if isinstance(out, torch.Tensor) else out[0]
-        y = torch.zeros(shape[0], dtype=torch.long)
-        grads = torch.autograd.grad(F.cross_entropy(logits, y), chosen, allow_unused=True)
-        with torch.no_grad():
-            for p, g in zip(chosen, grads):
-                if g is not None:
-                    p.add_(g, alpha=-lr)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(logits, torch.zeros(shape[0], dtype=torch.long)).backward()
+        opt.step()  # parameters without a gradient are skipped
+    for p in params:
+        p.requires_grad_(True)
     return time.perf_counter() - start
 
 
