@@ -108,8 +108,8 @@ def regrow(pruned: Tensor, count: int, generator: torch.Generator, scores: Tenso
         else:
             score = scores.detach().reshape(-1).abs().neg().masked_fill(~flat, math.inf)  # largest |score| first
             if torch.isnan(score).any():  # the sort's order, where NaN ranks first
-                legacy = scores.detach().reshape(-1).abs().to(torch.float64).masked_fill(~flat, -1.0)
-                new[torch.sort(legacy, descending=True, stable=True).indices[:count]] = False
+                ranked = scores.detach().reshape(-1).abs().to(torch.float64).masked_fill(~flat, -1.0)
+                new[torch.sort(ranked, descending=True, stable=True).indices[:count]] = False
             else:
                 new &= ~first_smallest(score, count)
     return new.reshape(pruned.shape)
