@@ -170,21 +170,24 @@ def _threads_note(trials: pd.DataFrame) -> str:
 
 def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Per (method, setting) cell, the trials of one configuration: where a cell holds several
-    (say, two learning rates of one method), those of the configuration with the best final
-    accuracy (mean over its seeds), each such choice named in a note; other cells as they are."""
-    from .plots import config_knobs, config_keys
+    (say, two learning rates of one method), those of the configuration `plots.best_trials`
+    picks (the best final accuracy, mean over its seeds), each such choice named in a note; other
+    cells as they are."""
+    from .plots import best_trials, config_knobs, config_keys
 
     keys = config_keys(trials)
+    mixed = [(label, cell) for label, cell in trials.groupby(["method", "setting"], sort=False)
+             if keys[cell.index].nunique() > 1]
+    if not mixed:
+        return trials, []
+    best = set(best_trials(trials)["config_key"])
     knobs = [k for k in config_knobs(trials.columns) if k != "algorithm"]
     keep = pd.Series(True, index=trials.index)
     notes = []
-    for (method, setting), cell in trials.groupby(["method", "setting"], sort=False):
+    for (method, setting), cell in mixed:
         cell_keys = keys[cell.index]
-        if cell_keys.nunique() < 2:
-            continue
-        best = cell["acc_mean"].groupby(cell_keys).mean().idxmax()
-        keep[cell.index] = cell_keys == best
-        chosen = cell[cell_keys == best].iloc[0]
+        keep[cell.index] = cell_keys.isin(best)
+        chosen = cell[keep[cell.index]].iloc[0]
         varying = [k for k in knobs if cell[k].astype(str).nunique() > 1]
         values = ", ".join(f"{k} = {chosen[k]}" for k in varying)
         notes.append(f"{method} in {setting}: at {values}, the best final accuracy of its "

@@ -43,6 +43,7 @@ from torch.nn import functional as F  # noqa: E402
 from benchmarks.fixtures import random_federated  # noqa: E402
 from fl_core.algorithms import ALGORITHMS, get_algorithm  # noqa: E402
 from fl_core.config import ConfigError, RunConfig  # noqa: E402
+from fl_core.models import build_model  # noqa: E402
 from fl_core.simulation import Simulation  # noqa: E402
 
 SHAPES = {"lenet": (1, 28, 28), "cnn2": (3, 32, 32), "resnet18": (3, 32, 32)}
@@ -127,9 +128,7 @@ def configure(method: str, model: str, tmp: Path) -> tuple[RunConfig, str]:
             note = knobs["model"]
         init = tmp / f"{knobs['model']}.pt"
         if not init.exists():
-            data_shape = SHAPES[model]
-            torch.save(get_algorithm("fedavg").build_model(RunConfig(**{**knobs, "algorithm": "fedavg", "rounds": 1}),
-                                                            knobs["model"], data_shape, 10).state_dict(), init)
+            torch.save(build_model(knobs["model"], SHAPES[model], 10).state_dict(), init)
         knobs["init_weights"] = str(init)
     return RunConfig(**knobs), note
 

@@ -48,6 +48,10 @@ class ShiftsInPlace(FedAvg):
     """FedAvg whose clients keep their trained tensors after communication, one logit's bias
     raised in place."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trained = {}  # id(client) -> its state right after local training
+
     def aggregate(self, clients, data, rnd):
         traffic = super().aggregate(clients, data, rnd)
         for client in clients:  # undo the broadcast's new tensors: the trained ones, changed in place
@@ -58,7 +62,6 @@ class ShiftsInPlace(FedAvg):
 
     def local_update(self, k, client, data, rnd):
         stats = super().local_update(k, client, data, rnd)
-        self.trained = getattr(self, "trained", {})
         self.trained[id(client)] = dict(client.state)
         return stats
 

@@ -74,15 +74,17 @@ def test_methods_table_numbers_missing_cell_and_counts(handmade):
 
 def test_a_cell_with_two_configurations_shows_the_better_one_and_says_so(handmade):
     """Two learning rates of FedAvg on one setting: never pooled into one mean over 6 runs."""
-    rows = handmade.assign(lr=0.1)
-    worse = pd.DataFrame([trial("fedavg", s, a) | {"lr": 0.02} for s, a in enumerate([0.10, 0.12, 0.11])])
+    rows = handmade.assign(lr=0.1, config_hash=[f"h{i}" for i in range(len(handmade))])
+    worse = pd.DataFrame([trial("fedavg", s, a) | {"lr": 0.02, "config_hash": f"w{s}"}
+                          for s, a in enumerate([0.10, 0.12, 0.11])])
     table = tables.methods_table(pd.concat([rows, worse], ignore_index=True), "drop")
     assert table.n.loc["FedAvg", "synthetic, 3 shards"] == 3
     assert table.mean.loc["FedAvg", "synthetic, 3 shards"] == pytest.approx(0.35)  # lr 0.1's seeds only
     assert table.mean.loc["FedSelect", "synthetic, 3 shards"] == pytest.approx(0.75)  # one configuration: as before
     caption = table.full_caption()
     assert "FedAvg in synthetic, 3 shards: at lr = 0.1, the best final accuracy of its 2 configurations" in caption
-    better = pd.DataFrame([trial("fedavg", s, a) | {"lr": 0.02} for s, a in enumerate([0.90, 0.92, 0.91])])
+    better = pd.DataFrame([trial("fedavg", s, a) | {"lr": 0.02, "config_hash": f"b{s}"}
+                           for s, a in enumerate([0.90, 0.92, 0.91])])
     table = tables.methods_table(pd.concat([rows, better], ignore_index=True), "drop")
     assert table.mean.loc["FedAvg", "synthetic, 3 shards"] == pytest.approx(0.91)
     assert "at lr = 0.02" in table.full_caption()

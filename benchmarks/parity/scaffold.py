@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 import time
 import types
@@ -113,8 +114,7 @@ def run_seed(seed: int, args: argparse.Namespace, client_cls, server_cls) -> tup
                       for n, p in server.global_model.named_parameters())
         print(f"seed {seed} round {rnd:3d}  ours {100 * ours:5.1f}  theirs {100 * theirs:5.1f}  "
               f"|c| ours {c_ours:9.3g} theirs {c_theirs:9.3g}  largest parameter difference {gap:.2g}", flush=True)
-    diverged = {"ours": not torch.isfinite(torch.tensor(c_ours)).item(),
-                "theirs": not torch.isfinite(torch.tensor(c_theirs)).item()}
+    diverged = {"ours": not math.isfinite(c_ours), "theirs": not math.isfinite(c_theirs)}
     return rows, diverged
 
 
