@@ -26,18 +26,37 @@ def count_true(mask: Mapping[str, Tensor], name: str) -> int:
     return mask.count(name) if isinstance(mask, PackedMask) else int(mask[name].sum())
 
 
+def as_float(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """`mask.to(dtype)` (1 where True, 0 elsewhere), converted from the bytes as uint8: the same
+    values, about five times faster than torch's bool conversion on CPU."""
+    return mask.view(torch.uint8).to(dtype)
+
+
+def zero_where(values: Tensor, mask: Tensor) -> Tensor:
+    """`values.masked_fill(mask, 0.0)` bit for bit (a new tensor). For float32, an integer AND with
+    a mask of all-one or all-zero words: masked_fill with an irregular mask is branchy and several
+    times slower on CPU."""
+    if values.dtype != torch.float32 or values.shape != mask.shape:
+        return values.masked_fill(mask, 0.0)
+    keep = mask.to(torch.int32).sub_(1)  # -1 (all ones) where kept, 0 where zeroed
+    return keep.bitwise_and_(values.view(torch.int32)).view(torch.float32)
+
+
 def masked_average(
     previous: Mapping[str, Tensor],
     states: Sequence[Mapping[str, Tensor]],
     contributes: Sequence[Mapping[str, Tensor] | None],
     weights: Sequence[float],
     names: Sequence[str],
+    zero_outside: bool = False,
 ) -> State:
     """Per entry, the weighted mean over the clients that contribute to it.
 
     `contributes[k][name]` is a bool tensor (True = client k sends this entry); a missing name or
     `None` means client k sends the whole tensor. Where no client contributes, the entry keeps
     its `previous` value. Every method's server step is this function with different masks.
+    `zero_outside=True` promises that every state is already 0 wherever its mask is False (a
+    sparse model, as DisPFL's): the product with the mask is then skipped, with the same result.
     """
     out: State = {}
     for name in names:
@@ -52,10 +71,10 @@ def masked_average(
             else:
                 if m is None:
                     m, masked = torch.empty_like(total), torch.empty_like(total)
-                m.copy_(mask)
+                m.copy_(mask.view(torch.uint8))  # as `as_float`, into the scratch buffer
                 # value * mask first, then the same `add_(alpha=w)` as the unmasked branch: an
                 # all-True mask then rounds exactly like no mask (FedSelect p = 0 == FedAvg).
-                total.add_(torch.mul(state[name], m, out=masked), alpha=w)
+                total.add_(state[name] if zero_outside else torch.mul(state[name], m, out=masked), alpha=w)
                 weight_sum.add_(m, alpha=w)
         out[name] = torch.where(weight_sum > 0, total / weight_sum.clamp_min(1e-30), previous[name])
     return out
@@ -83,7 +102,7 @@ def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bo
     the radix path ranks highest and the reference never selects.
     """
     flat_personal = personal.reshape(-1)
-    free = flat_personal.numel() - _count_nonzero(flat_personal)
+    free = flat_personal.numel() - count_nonzero(flat_personal)
     count = min(count, free)
     if count <= 0:
         return personal.clone()
@@ -94,7 +113,7 @@ def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bo
     # Personal entries score 0, the lowest |delta|: as count <= free, the count-th largest score
     # is the same as among the global entries alone; only ties at 0 need them excluded.
     keys = delta.detach().reshape(-1).abs().masked_fill_(flat_personal, 0.0).view(torch.int32)
-    nonzero = _count_nonzero(keys)
+    nonzero = count_nonzero(keys)
     if nonzero <= count:  # the cut-off is 0 (often: taps without gradient), no search needed
         chosen = keys > 0
         if nonzero < count:
@@ -102,25 +121,25 @@ def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bo
             if include_ties:
                 chosen |= free_zero
             else:
-                _keep_first(free_zero, count - nonzero)
+                keep_first(free_zero, count - nonzero)
                 chosen |= free_zero
     else:
-        cut = _kth_largest_key(keys, count)
+        cut = kth_largest_key(keys, count)
         chosen = keys >= cut if include_ties else keys > cut
-        missing = 0 if include_ties else count - _count_nonzero(chosen)
+        missing = 0 if include_ties else count - count_nonzero(chosen)
         if missing:
             tied = keys == cut
-            _keep_first(tied, missing)
+            keep_first(tied, missing)
             chosen |= tied
     return chosen.logical_or_(flat_personal).reshape(personal.shape)
 
 
-def _count_nonzero(t: Tensor) -> int:
+def count_nonzero(t: Tensor) -> int:
     """Non-zero (True) entries; numpy's counter is several times faster than torch's on CPU."""
     return int(np.count_nonzero(t.numpy())) if t.device.type == "cpu" else int(torch.count_nonzero(t))
 
 
-def _kth_largest_key(keys: Tensor, k: int) -> int:
+def kth_largest_key(keys: Tensor, k: int) -> int:
     """The k-th largest of non-negative int32 `keys` (1-based): histogram the top 16 bits, then
     the low 16 bits of the keys in the bin holding it."""
     bins = torch.bitwise_right_shift(keys, 16)  # 0 .. 32767, in key order
@@ -138,12 +157,12 @@ def _bin_from_top(counts: Tensor, k: int) -> tuple[int, int]:
     return b, k - above
 
 
-def _keep_first(flags: Tensor, m: int, block: int = 1 << 16) -> None:
+def keep_first(flags: Tensor, m: int, block: int = 1 << 16) -> None:
     """Clear all but the first `m` True entries of the flat bool tensor `flags`, in place: count
     block by block up to the block holding the m-th True, search only that block."""
     start, seen = 0, 0
     while True:
-        inside = _count_nonzero(flags[start:start + block])
+        inside = count_nonzero(flags[start:start + block])
         if seen + inside >= m:
             break
         seen += inside

@@ -117,6 +117,26 @@ def test_prune_and_regrow_by_selection_choose_what_a_stable_sort_chooses_ties_an
         assert torch.equal(regrow(pruned, count, torch.Generator(), scores), sorted_regrow(pruned, count, scores)), trial
 
 
+def test_prune_and_regrow_of_large_tensors_choose_what_a_stable_sort_chooses():
+    """Tensors of >= 65536 entries take the radix select on float32 bit patterns; random regrowth
+    takes numpy's nonzero. Both must still be the definitions, with many ties and zero weights."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(6):
+        shape = (300, 256 + trial)
+        weight = torch.randint(-3, 4, shape, generator=g).float() if trial % 2 else torch.randn(shape, generator=g)
+        weight[weight.abs() < 0.01] = -0.0  # negative zeros rank with the zeros
+        scores = torch.randint(-2, 3, shape, generator=g).float() if trial % 3 else torch.randn(shape, generator=g)
+        pruned = torch.rand(shape, generator=g) < 0.5
+        count = [1, 17, 5000, 40000, int((~pruned).sum()), int((~pruned).sum()) - 1][trial]
+        assert torch.equal(prune_smallest(weight, pruned, count), sorted_prune(weight, pruned, count)), trial
+        assert torch.equal(regrow(pruned, count, torch.Generator(), scores), sorted_regrow(pruned, count, scores)), trial
+        at_random = regrow(pruned, count, torch.Generator().manual_seed(trial))
+        candidates = torch.nonzero(pruned.reshape(-1)).reshape(-1)  # the torch definition of the random draw
+        expected = pruned.reshape(-1).clone()
+        expected[candidates[torch.randperm(len(candidates), generator=torch.Generator().manual_seed(trial))[:count]]] = False
+        assert torch.equal(at_random, expected.reshape(shape)), trial
+
+
 def test_erk_densities_total_the_density_and_keep_1d_tensors_dense():
     shapes = {"conv.weight": (16, 6, 5, 5), "conv.bias": (16,), "fc.weight": (120, 400), "head.weight": (10, 84)}
     dens = layer_densities(shapes, 0.3)

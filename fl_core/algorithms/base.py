@@ -43,7 +43,7 @@ from ..client_state import ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import MethodParams, NoParams
-from ..masks import Mask, masked_average
+from ..masks import Mask, count_nonzero, masked_average
 from ..models import is_head
 from ..training import LocalTrainer, State, UpdateSpec, derive_seed
 
@@ -98,6 +98,9 @@ class Algorithm:
     # Add each client's training cost to its metrics: trainable_params (entries its local update
     # changes) and fwd_mflops / bwd_mflops (per training sample, frozen layers known; fl_core/flops.py).
     reports_cost: ClassVar[bool] = False
+    # Every client state is 0 wherever its contribution mask is False (sparse models, DisPFL):
+    # averaging then skips the product with the mask (`masks.masked_average(zero_outside=True)`).
+    sparse_states: ClassVar[bool] = False
 
     @classmethod
     def has_server(cls) -> bool:
@@ -218,7 +221,8 @@ class Algorithm:
         for k, others in graph.items():
             group = sorted({k, *others})  # in index order: a full graph averages exactly as the server does
             mixed[k] = masked_average(snapshot[k], [snapshot[j] for j in group], [contribs[j] for j in group],
-                                      self.aggregation_weights([data[j] for j in group]), self.shared_names())
+                                      self.aggregation_weights([data[j] for j in group]), self.shared_names(),
+                                      zero_outside=self.sparse_states)
             for j in set(others) - {k}:
                 up[j] += sent[j]
                 down[k] += sent[j]
@@ -238,7 +242,7 @@ class Algorithm:
 
     def sent_entries(self, client: ClientState) -> int:
         contrib = self.contribution(client) or {}
-        return sum(int(contrib[n].sum()) if n in contrib else self.numels[n] for n in self.shared_names())
+        return sum(count_nonzero(contrib[n]) if n in contrib else self.numels[n] for n in self.shared_names())
 
     # ================================================================ hooks: evaluation
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State | Predictor:

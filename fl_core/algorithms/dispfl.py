@@ -42,12 +42,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
 from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
+from ..masks import as_float, count_nonzero, personal_fraction, zero_where
 from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks, regrow
 from ..topology import TopologyParams
 from ..training import State, derive_seed
@@ -87,6 +89,7 @@ class DisPFL(DPSGD):
     Params = DisPFLParams
     acc_from = "local"
     evaluates = "its sparse model after local training (acc_global: after aggregation, under its new mask)"
+    sparse_states = True  # inactive entries are exactly 0 (set at init, kept by masked training and mixing)
 
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
         self.shapes = {n: tuple(init[n].shape) for n in self.param_names}
@@ -106,15 +109,14 @@ class DisPFL(DPSGD):
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        pruned = client.mask
-        update = {n: (~pruned[n]).to(client.state[n].dtype) for n in self.param_names}
+        old = {n: client.mask[n] for n in self.param_names}  # unpacked once
+        update = {n: as_float(~old[n], client.state[n].dtype) for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update,
                                 max_grad_norm=self.params.max_grad_norm)
-        old = {n: pruned[n] for n in self.param_names}
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)
         client.extra["next_mask"] = new
         entries = sum(m.numel() for m in old.values())
-        stats.metrics = {"density": 1 - sum(int(m.sum()) for m in new.values()) / entries,
+        stats.metrics = {"density": 1 - sum(count_nonzero(m) for m in new.values()) / entries,
                          "mask_churn": hamming(old, new) / entries} | self.training_gflops(old, data)
         return stats
 
@@ -123,8 +125,9 @@ class DisPFL(DPSGD):
         counter per layer, fl_core/flops.py); gradient regrowth adds one dense batch."""
         if not hasattr(self, "layer_flops"):
             self.layer_flops = layer_flops(self.trainer.model, tuple(data.x_train.shape[1:]))
-        density = {m: 1 - float(pruned[f"{m}.weight"].float().mean()) for m in self.layer_flops
-                   if f"{m}.weight" in pruned}
+        # the pruned share as a float32 quotient (what a float32 mean of the mask gives)
+        density = {m: 1 - float(np.float32(count_nonzero(pruned[w])) / np.float32(pruned[w].numel()))
+                   for m in self.layer_flops if (w := f"{m}.weight") in pruned}
         samples = self.config.local_epochs * data.n_train
         dense = sparse_flops(self.layer_flops, {})
         screening = min(self.config.batch_size, data.n_train) * dense if self.params.regrowth == "gradient" else 0.0
@@ -142,7 +145,7 @@ class DisPFL(DPSGD):
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, rnd, k, "regrow"))
         new = {}
         for n in self.param_names:
-            count = prune_count(rate, int((~pruned[n]).sum()))
+            count = prune_count(rate, pruned[n].numel() - count_nonzero(pruned[n]))
             cut = prune_smallest(client.state[n], pruned[n], count)
             grown = regrow(cut.cpu(), count, generator, None if scores is None else scores[n].cpu())
             new[n] = grown.to(pruned[n].device)
@@ -155,7 +158,7 @@ class DisPFL(DPSGD):
         for client in clients:  # then each client's new mask: pruned entries 0, regrown ones as averaged
             new = client.extra.pop("next_mask", None)
             if new is not None:
-                client.state = client.state | {n: client.state[n].masked_fill(m, 0.0) for n, m in new.items()}
+                client.state = client.state | {n: zero_where(client.state[n], m) for n, m in new.items()}
                 client.mask = new
         return traffic
 
@@ -165,4 +168,4 @@ class DisPFL(DPSGD):
 
     def personal_fraction(self, client: ClientState) -> float:
         """Inactive share of all parameter entries (they never leave the client)."""
-        return sum(int(client.mask[n].sum()) for n in self.param_names) / sum(self.numels.values())
+        return personal_fraction(client.mask, self.numels)
