@@ -139,12 +139,20 @@ def count_nonzero(t: Tensor) -> int:
     return int(np.count_nonzero(t.numpy())) if t.device.type == "cpu" else int(torch.count_nonzero(t))
 
 
+def flat_nonzero(flags: Tensor) -> Tensor:
+    """Flat indices (int64) of the True entries of a flat bool tensor, ascending: what
+    `torch.nonzero(flags).reshape(-1)` gives, by numpy on CPU (about ten times faster there)."""
+    if flags.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(flags.numpy()))
+    return torch.nonzero(flags).reshape(-1)
+
+
 def kth_largest_key(keys: Tensor, k: int) -> int:
     """The k-th largest of non-negative int32 `keys` (1-based): histogram the top 16 bits, then
     the low 16 bits of the keys in the bin holding it."""
     bins = torch.bitwise_right_shift(keys, 16)  # 0 .. 32767, in key order
     high, k = _bin_from_top(torch.bincount(bins, minlength=1 << 15), k)
-    low_keys = torch.masked_select(keys, bins == high).bitwise_and_(0xFFFF)
+    low_keys = torch.index_select(keys, 0, flat_nonzero(bins == high)).bitwise_and_(0xFFFF)
     low, _ = _bin_from_top(torch.bincount(low_keys, minlength=1 << 16), k)
     return (high << 16) | low
 
