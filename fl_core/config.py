@@ -40,6 +40,7 @@ DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_class", "domain_dirichlet")  # t
 SOURCE_OPTIONS = ("corruptions", "severity", "image_size", "domainnet_classes")  # knobs of some sources only
 MODELS = ("auto", "lenet", "cnn2", "resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 WEIGHTINGS = ("uniform", "samples")
+EVAL_MODELS = ("all", "acc")
 LR_SCHEDULES = ("constant", "exp", "multistep")
 MOMENTUM_SCOPES = ("epoch", "round")
 DEVICES = ("cpu", "cuda", "auto")
@@ -107,6 +108,10 @@ class RunConfig:
     rounds: int = knob(20, "communication rounds", low=1)
     participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
     eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
+    eval_models: str = knob("all", "which models an evaluated round scores: all = after local training (acc_local), "
+                            "after the communication step (acc_global) and the method's acc; acc = only the model "
+                            "reported as acc, one test pass per client as research scripts make (acc_local and "
+                            "acc_global are NaN unless they are that model)", choices=EVAL_MODELS, added=True)
     local_epochs: int = knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global pass)", low=1)
     batch_size: int = knob(32, "local mini-batch size", low=1)
     lr: float = knob(0.1, "local SGD learning rate (of round 1 under a schedule)", low=0, low_open=True)

@@ -165,6 +165,8 @@ class Simulation:
         losses, metrics, after_local = {}, {}, {}
         graph = algo.neighbours(rnd, participants) if algo.communicates else None  # asked once per round
         server = algo.communicates and graph is None
+        only_acc = self.config.eval_models == "acc"  # score only the model reported as acc
+        score_local = not only_acc or algo.acc_from == "local"
         for k in participants:
             t0 = time.perf_counter()
             client, d = clients[k], data[k]
@@ -175,7 +177,7 @@ class Simulation:
             stats = algo.local_update(k, client, d, rnd)
             losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
             metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
-            if evaluate:
+            if evaluate and score_local:
                 after_local[k] = self._scores(client.state, d), _Snapshot(client.state)
             seconds[k] += time.perf_counter() - t0
 
@@ -193,23 +195,26 @@ class Simulation:
                 results.append(self._newcomer(k, rnd))
                 continue
             t0 = time.perf_counter()
-            acc_local = acc_global = acc = acc_val = NAN
+            acc_local = acc_global = acc = acc_val = val_local = val_global = NAN
             if evaluate:
-                (acc_local, val_local), scored = (after_local[k] if k in after_local
-                                                  else (self._scores(client.state, d), _Snapshot(client.state)))
+                scored = None  # the model last scored, and its scores
+                if k in after_local or score_local:
+                    (acc_local, val_local), scored = (after_local[k] if k in after_local
+                                                      else (self._scores(client.state, d), _Snapshot(client.state)))
+                    scores = acc_local, val_local
                 # A client that missed broadcasts is evaluated as it would start its next round.
                 current = client if self.synced[k] or not server else _caught_up(algo, client)
                 # One pass where the communication step left the scored model as it was (a method
                 # that broadcasts no weights to this client: FedL2P's second stage, Local, ...).
-                if not scored.holds(current.state):
-                    scored = _Snapshot(current.state)
-                    acc_global, val_global = self._scores(current.state, d)
-                else:
+                if scored is not None and scored.holds(current.state):
                     acc_global, val_global = acc_local, val_local
+                elif not only_acc or algo.acc_from == "global":
+                    scored = _Snapshot(current.state)
+                    acc_global, val_global = scores = self._scores(current.state, d)
                 if algo.acc_from == "custom":
                     chosen = algo.personalized_model(k, current, d, rnd)
-                    # the model just scored as acc_global (FedProx and the FT family at 0 epochs): one pass
-                    acc, acc_val = ((acc_global, val_global) if isinstance(chosen, dict) and scored.holds(chosen)
+                    # the model just scored (FedProx and the FT family at 0 epochs): no second pass
+                    acc, acc_val = (scores if isinstance(chosen, dict) and scored is not None and scored.holds(chosen)
                                     else self._scores(chosen, d))
                 else:
                     acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)

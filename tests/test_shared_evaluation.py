@@ -7,6 +7,7 @@ import torch
 
 from fl_core import simulation
 from fl_core.algorithms.fedavg import FedAvg
+from fl_core.config import ConfigError
 from fl_core.simulation import Simulation
 from fl_core.training import LocalTrainer
 
@@ -73,3 +74,27 @@ def test_a_state_changed_in_place_after_scoring_is_scored_again(monkeypatch):
     result = sim.run_round()
     assert len(calls) == 2 * sim.config.num_clients  # the same tensor objects, but modified: scored again
     assert any(c.acc_local != c.acc_global for c in result.clients)
+
+
+@pytest.mark.parametrize("algorithm, acc_column, skipped", [
+    ("fedselect", "acc_local", "acc_global"),  # acc is the model after local training
+    ("fedavg", "acc_global", "acc_local"),     # acc is the broadcast model
+    ("fedavg_ft", None, "acc_local"),          # acc is a fine-tuned model of its own (custom)
+])
+def test_eval_models_acc_scores_only_the_reported_model(monkeypatch, algorithm, acc_column, skipped):
+    everything = [r.clients for r in Simulation(tiny(algorithm=algorithm)).run()]
+    sim = Simulation(tiny(algorithm=algorithm, eval_models="acc"))
+    calls = count_passes(monkeypatch, sim)
+    only = [r.clients for r in sim.run()]
+    assert len(calls) == sim.config.num_clients * sim.config.rounds  # one test pass per client and round
+    for full_round, lean_round in zip(everything, only):
+        for full, lean in zip(full_round, lean_round):
+            assert lean.acc == full.acc  # the same training, the same reported number
+            if acc_column:
+                assert getattr(lean, acc_column) == full.acc
+            assert getattr(lean, skipped) != getattr(lean, skipped)  # NaN: not scored
+
+
+def test_eval_models_rejects_an_unknown_choice():
+    with pytest.raises(ConfigError, match="eval_models='some' is not allowed; choose one of all, acc"):
+        tiny(eval_models="some")
