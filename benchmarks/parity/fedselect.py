@@ -46,7 +46,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.fixtures import random_federated  # noqa: E402
 from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
+from benchmarks.round_overhead import pure_compute  # noqa: E402
 from fl_core.client_state import PackedMask  # noqa: E402
 from fl_core.config import RunConfig  # noqa: E402
 from fl_core.models import build_model  # noqa: E402
@@ -58,7 +60,16 @@ SETTINGS = {
                    rounds=40, local_epochs=5, batch_size=32, lr=0.1, pers_rate=0.25, pers_limit=0.8, mask_every=3),
     "tiny": dict(dataset="synthetic", partition="shards", shards_per_client=3, num_clients=5, rounds=5,
                  local_epochs=2, batch_size=16, lr=0.05, pers_rate=0.3, pers_limit=0.6, mask_every=1),
+    # speed settings (use with --timing): random CIFAR-shaped images, 2 classes per client (ResNet-18
+    # at lr 0.01: at 0.1 the reference's own batch order diverged to NaN in round 3)
+    "cifar-cnn": dict(dataset="cifar10", model="cnn2", partition="shards", shards_per_client=2, num_clients=10,
+                      samples_per_client=100, rounds=6, local_epochs=1, batch_size=32, lr=0.1, pers_rate=0.25,
+                      pers_limit=0.8, mask_every=1),
+    "cifar-resnet18": dict(dataset="cifar10", model="resnet18", partition="shards", shards_per_client=2, num_clients=10,
+                           samples_per_client=100, rounds=6, local_epochs=1, batch_size=32, lr=0.01, pers_rate=0.25,
+                           pers_limit=0.8, mask_every=1),
 }
+RANDOM_SHAPE = {"cifar-cnn": (3, 32, 32), "cifar-resnet18": (3, 32, 32)}  # data made here, no download
 
 
 def load_reference(path: Path):
@@ -91,7 +102,7 @@ class ReferenceRun:
     """The reference's `fedselect_algorithm` in a worker thread that stops after each round's
     evaluation; `step()` runs one round and returns what was recorded of it."""
 
-    def __init__(self, ref, model, args, data, seed: int, shared_order: bool, verbose: bool) -> None:
+    def __init__(self, ref, model, args, data, seed: int, shared_order: bool, verbose: bool, record: bool = True) -> None:
         self.ref, self.k = ref, len(data.clients)
         lottery = sys.modules["lottery_ticket"]
         self.resume, self.paused = threading.Semaphore(0), threading.Semaphore(0)
@@ -122,8 +133,9 @@ class ReferenceRun:
             if not no_cross:  # the all-pairs matrix it returns after the last round: unused here, skipped
                 return torch.zeros(len(states), len(states))
             accs = originals["eval"](model_, states, *a, no_cross=no_cross, **kw)  # one round done
-            self.rounds.append(dict(seconds=time.perf_counter() - self.started, reported=torch.diag(accs).tolist(),
-                                    states={i: {n: t.clone() for n, t in s.items()} for i, s in states.items()},
+            seconds = time.perf_counter() - self.started
+            self.rounds.append(dict(seconds=seconds, reported=torch.diag(accs).tolist(),
+                                    states={i: {n: t.clone() for n, t in s.items()} for i, s in states.items()} if record else None,
                                     masks={i: dict(m) for i, m in self.masks.items()}))
             self.rnd += 1
             self.paused.release()
@@ -134,8 +146,10 @@ class ReferenceRun:
         def sparsity(mask, name):
             return originals["sparsity"](mask, name) if name in mask else ("(no such layer)", name)
 
-        self.patched = [(ref, "cross_client_eval", cross_client_eval), (ref, "delta_update", delta_update),
-                        (ref, "prepare_dataloaders", loaders), (lottery, "eval_layer_sparsity", sparsity)]
+        self.patched = [(ref, "cross_client_eval", cross_client_eval), (ref, "prepare_dataloaders", loaders),
+                        (lottery, "eval_layer_sparsity", sparsity)]
+        if record:  # the masks it selects (copies made inside its timed round: off when timing)
+            self.patched.append((ref, "delta_update", delta_update))
         if not verbose:
             progress = ref.tqdm
             quiet = lambda *a, **kw: None  # noqa: E731
@@ -197,13 +211,17 @@ def mask_digest(mask: dict[str, torch.Tensor]) -> dict[str, list[int]]:
 
 
 def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
+    shape = RANDOM_SHAPE.get(opts.setting)
+    data = random_federated(knobs["num_clients"], shape, knobs["samples_per_client"], 100, seed=seed) if shape else None
     config = RunConfig(algorithm="fedselect", fedselect_mode="faithful", seed=seed, threads=opts.threads,
-                       data_root=opts.data_root, weighting=opts.weighting, **knobs)
-    sim = Simulation(config)
+                       data_root=opts.data_root, weighting=opts.weighting,
+                       eval_models="acc" if opts.timing else "all", **knobs)
+    sim = Simulation(config, data=data)
+    if opts.timing:
+        return time_seed(ref, knobs, seed, opts, sim)
     algo, data = sim.algorithm, sim.data
-    init = {n: t.clone() for n, t in sim.clients[0].state.items()}
     model = build_model(sim.model_name, data.input_shape, data.num_classes)
-    model.load_state_dict(init)
+    model.load_state_dict({n: t.clone() for n, t in sim.clients[0].state.items()})
     theirs = ReferenceRun(ref, model, reference_args(ref, knobs, seed), data, seed, opts.order == "shared", opts.verbose)
     trained, update = {}, algo.local_update
 
@@ -245,6 +263,53 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
     return rows
 
 
+def time_seed(ref, knobs: dict, seed: int, opts, sim: Simulation) -> list[dict]:
+    """Seconds per round of ours, of the reference and of the pure compute of its work (the same
+    SGD steps, a personal and a global pass per epoch, and one evaluation pass, in a tight loop),
+    taking turns. Nothing is copied out of either run inside its timed round: ours scores only the
+    reported model (`eval_models=acc`), as the reference does."""
+    data = sim.data
+    model = build_model(sim.model_name, data.input_shape, data.num_classes)
+    model.load_state_dict({n: t.clone() for n, t in sim.clients[0].state.items()})
+    theirs = ReferenceRun(ref, model, reference_args(ref, knobs, seed), data, seed, opts.order == "shared",
+                          opts.verbose, record=False)
+    rows = []
+    for rnd in range(1, sim.config.rounds + 1):
+        turns = {"ours": lambda: sim.run_round(), "theirs": theirs.step,
+                 "pure": lambda: pure_compute(sim, passes=2 * sim.config.local_epochs, eval_passes=1)}
+        order = list(turns)[rnd % 3:] + list(turns)[:rnd % 3]  # who goes first rotates
+        seconds, done = {}, {}
+        for who in order:
+            t0 = time.perf_counter()
+            done[who] = turns[who]()
+            seconds[who] = time.perf_counter() - t0
+        seconds["theirs"] = done["theirs"]["seconds"]  # its round, from its own clock (the pause excluded)
+        rows.append(dict(round=rnd, ours_s=seconds["ours"], theirs_s=seconds["theirs"], pure_s=seconds["pure"],
+                         ours=[c.acc for c in done["ours"].clients], theirs=done["theirs"]["reported"],
+                         reported=done["theirs"]["reported"]))
+        print(f"seed {seed} round {rnd:3d}  s/round ours {seconds['ours']:.2f}  theirs {seconds['theirs']:.2f}  "
+              f"pure {seconds['pure']:.2f}  theirs/ours {seconds['theirs'] / seconds['ours']:.2f}  "
+              f"ours/pure {seconds['ours'] / seconds['pure']:.2f}  (acc ours {np.mean(rows[-1]['ours']):.3f}, "
+              f"theirs {np.mean(rows[-1]['theirs']):.3f})", flush=True)
+    theirs.finish()
+    return rows
+
+
+def time_summary(runs: dict[int, list[dict]], first: int) -> None:
+    """Medians over the rounds from `first`, the first with personal entries to train: before it ours
+    skips the personal pass (the reference runs it on an empty mask), so only these compare the
+    same work."""
+    rows = [r for rs in runs.values() for r in rs if r["round"] >= first]
+    if not rows:
+        raise SystemExit(f"no round from round {first} on: give --rounds {first} or more")
+    med = {who: float(np.median([r[f"{who}_s"] for r in rows])) for who in ("ours", "theirs", "pure")}
+    print(f"\nseconds per round, median of rounds {first}+ ({len(rows)} rounds): ours {med['ours']:.2f}, "
+          f"reference {med['theirs']:.2f}, pure {med['pure']:.2f}")
+    print(f"  reference / ours {np.median([r['theirs_s'] / r['ours_s'] for r in rows]):.2f}, "
+          f"ours / pure {np.median([r['ours_s'] / r['pure_s'] for r in rows]):.2f}, "
+          f"reference / pure {np.median([r['theirs_s'] / r['pure_s'] for r in rows]):.2f} (medians of the rounds' ratios)")
+
+
 def summary(runs: dict[int, list[dict]]) -> None:
     final = {who: [np.mean(rows[-1][who]) for rows in runs.values()] for who in ("ours", "theirs", "reported")}
     diffs = [a - b for a, b in zip(final["ours"], final["theirs"])]
@@ -279,6 +344,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
     parser.add_argument("--pins", action="store_true", help="print the numbers tests/test_parity_fedselect.py pins")
     parser.add_argument("--verbose", action="store_true", help="keep the reference's progress bars and prints")
+    parser.add_argument("--timing", action="store_true", help="time the rounds against each other and the pure "
+                        "compute; no copies for comparison (see `time_seed`)")
     opts = parser.parse_args()
     knobs = dict(SETTINGS[opts.setting])
     knobs.update({k: v for k in knobs if (v := getattr(opts, k, None)) is not None})
@@ -290,6 +357,9 @@ def main() -> None:
         runs = {seed: run_seed(ref, knobs, seed, opts) for seed in opts.seeds}
     finally:
         torch.cuda.is_available = real_cuda_check
+    if opts.timing:
+        time_summary(runs, first=knobs["mask_every"] + 2)  # the mask grows in round mask_every + 1, used from the next
+        return
     summary(runs)
     rounds = {seed: [Round(r["round"], float(np.mean(r["ours"])), float(np.mean(r["theirs"])), r["ours_s"], r["theirs_s"])
                      for r in rows] for seed, rows in runs.items()}

@@ -1,0 +1,81 @@
+"""Trials per hour of a real sweep at 1 and at 2 concurrent trials, and the efficiency of the second.
+
+Runs a sweep script (`sweeps/<script>.py` with the arguments after `--`) twice from the command
+line, as a user would, in a fresh results folder each time: once with `--max-concurrent 1`, once
+with `--max-concurrent 2` (the cores of the development machine). For each it reports
+  - trials per hour over the whole command (process start to exit: Ray start, data, every trial,
+    the final tables and MLflow runs), what a user waits for;
+  - trials per hour over the trial phase alone (first trial start to last trial report, from the
+    `started_at` / `reported_at` columns of trials.parquet), which the fixed costs do not dilute;
+  - the median seconds from a trial's start to its first round (`reported_at` of round 1 minus
+    `started_at` of the trial is not stored, so the cold start comes from
+    `benchmarks/sweep_scaling.py`, which times it through Tune callbacks).
+Efficiency = (trials per hour at 2 / trials per hour at 1) / 2; the target is >= 0.9.
+
+    .venv/bin/python benchmarks/sweep_throughput.py fedselect_grid                       # the default sweep, 96 trials
+    .venv/bin/python benchmarks/sweep_throughput.py fedselect_grid -- --seeds 0          # a third of it
+    .venv/bin/python benchmarks/sweep_throughput.py baselines -- --preset pfl --data-root ../shared/data \\
+        --algorithms fedavg fedavg_ft local scaffold --rounds 10
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_sweep(script: str, args: list[str], concurrent: int, results: Path) -> dict:
+    """Run the sweep once; return its wall time and the trial phase read from trials.parquet."""
+    name = f"throughput-c{concurrent}"
+    command = [sys.executable, str(REPO / "sweeps" / f"{script}.py"), *args, "--name", name,
+               "--results", str(results), "--max-concurrent", str(concurrent)]
+    start = time.time()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    trials = pd.read_parquet(results / name / "trials.parquet")
+    finished = trials[trials["status"] == "COMPLETED"]
+    if finished.empty:
+        raise SystemExit(f"no trial of {name} completed; statuses: {trials['status'].value_counts().to_dict()}")
+    phase = float(finished["reported_at"].max() - finished["started_at"].min())
+    return {"concurrent": concurrent, "trials": len(finished), "wall": wall, "phase": phase,
+            "per_hour": 3600 * len(finished) / wall, "phase_per_hour": 3600 * len(finished) / phase,
+            "trial_seconds": float(finished["wall_seconds"].median())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("script", help="a sweep under sweeps/, e.g. fedselect_grid or baselines")
+    parser.add_argument("args", nargs="*", help="its arguments (after --)")
+    opts = parser.parse_args()
+    if not (REPO / "sweeps" / f"{opts.script}.py").is_file():
+        parser.error(f"no sweep sweeps/{opts.script}.py")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for concurrent in (1, 2):
+            row = run_sweep(opts.script, opts.args, concurrent, Path(tmp) / f"c{concurrent}")
+            rows.append(row)
+            print(f"{concurrent} concurrent: {row['trials']} trials in {row['wall']:.0f} s "
+                  f"({row['per_hour']:.0f} trials/hour); trial phase {row['phase']:.0f} s "
+                  f"({row['phase_per_hour']:.0f} trials/hour); median trial {row['trial_seconds']:.1f} s", flush=True)
+    one, two = rows
+    print(f"\nsweeps/{opts.script}.py {' '.join(opts.args)}")
+    print("| concurrent trials | trials | wall (s) | trials / hour | trial phase (s) | trials / hour, trial phase | median trial (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['concurrent']} | {r['trials']} | {r['wall']:.0f} | {r['per_hour']:.0f} | {r['phase']:.0f} | "
+              f"{r['phase_per_hour']:.0f} | {r['trial_seconds']:.1f} |")
+    print(f"\nefficiency at 2 (speedup / 2): whole command {two['per_hour'] / one['per_hour'] / 2:.2f}, "
+          f"trial phase {two['phase_per_hour'] / one['phase_per_hour'] / 2:.2f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()
