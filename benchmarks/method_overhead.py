@@ -198,6 +198,27 @@ def main() -> None:
         for r in rows:
             print(f"| {r['model']} | {r['method']} | {r['round_s']:.3f} | {r['limit_s']:.3f} | {r['ratio']:.2f} | "
                   f"{r['cpu_ratio']:.2f} | {r['forwards']} | {r['repeats']} | {r['note']} |")
+    print()
+    for line in targets(rows):
+        print(line)
+
+
+def targets(rows: list[dict], limit: float = 1.15, dispfl_limit: float = 1.2) -> list[str]:
+    """Issue 24's per-method targets, judged on the measured rows: every method's round within
+    `limit` of its own work, and DisPFL's round within `dispfl_limit` of D-PSGD's (same run)."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["method"]: r for r in rows if r["model"] == model}
+        over = [f"{m} {r['ratio']:.2f}" for m, r in mine.items() if r["ratio"] > limit]
+        worst = max(mine.values(), key=lambda r: r["ratio"])
+        lines.append(f"{model}: every method's round <= {limit}x its limit: "
+                     + (f"met ({len(mine)} methods; highest {worst['method']} {worst['ratio']:.2f})" if not over
+                        else f"NOT met for {', '.join(over)}"))
+        if "dispfl" in mine and "dpsgd" in mine:
+            ratio = mine["dispfl"]["round_s"] / mine["dpsgd"]["round_s"]
+            lines.append(f"{model}: DisPFL round / D-PSGD round = {ratio:.2f} (target <= {dispfl_limit}): "
+                         + ("met" if ratio <= dispfl_limit else "NOT met"))
+    return lines
 
 
 if __name__ == "__main__":

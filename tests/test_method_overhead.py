@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from benchmarks.method_overhead import Trace, replay
+from benchmarks.method_overhead import Trace, replay, targets
 from fl_core.models import build_model
 from fl_core.simulation import Simulation
 
@@ -41,3 +41,14 @@ def test_scoring_the_same_model_twice_is_counted_as_a_repeat():
     sim.trainer.evaluate(other, d.x_test, d.y_test)       # another model: not a repeat
     trace.close()
     assert trace.repeats() == 1
+
+
+def test_targets_name_every_method_over_the_limit_and_judge_dispfl_against_dpsgd():
+    rows = [dict(model="cnn2", method="fedavg", ratio=1.02, round_s=3.0),
+            dict(model="cnn2", method="dpsgd", ratio=1.00, round_s=3.0),
+            dict(model="cnn2", method="dispfl", ratio=1.19, round_s=3.9),
+            dict(model="lenet", method="fedavg", ratio=1.10, round_s=0.4)]
+    lines = targets(rows)
+    assert lines[0] == "cnn2: every method's round <= 1.15x its limit: NOT met for dispfl 1.19"
+    assert lines[1] == "cnn2: DisPFL round / D-PSGD round = 1.30 (target <= 1.2): NOT met"
+    assert lines[2] == "lenet: every method's round <= 1.15x its limit: met (1 methods; highest fedavg 1.10)"
