@@ -117,8 +117,8 @@ class FedSelect(Algorithm):
         self.apply_next_mask(client)  # normally done by `receive`; here if no broadcast came
         grows = self.grows_in(rnd) and self.params.fedselect_variant != "layer"
         reference = None  # Δ is measured from the start of LocalAlt, or (faithful) from the state kept at the last update
-        if grows:
-            reference = client.extra["reference"] if self.faithful else self.selectable_copy(client)
+        if grows:  # default: the tensors held now, which training leaves as they are (its first pass copies)
+            reference = client.extra["reference"] if self.faithful else {n: client.state[n] for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)
         if grows:
             # kept bit-packed (as plain tensors, so that a saved state stays loadable) until the broadcast
@@ -141,10 +141,13 @@ class FedSelect(Algorithm):
         global_pass = {n: (~mask[n]).to(torch.float32) if n in mask else None for n in self.param_names}
         has_personal = any(bool(m.any()) for m in mask.values())
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
+        own = {}  # after the first pass the state is this update's own copy: later passes train it in place
         for epoch in range(self.config.local_epochs):
             if has_personal:  # with nothing personal the pass would change nothing but BN statistics
-                self.train_pass(k, client, data, rnd, epoch, personal_pass, "personal", stats)
-            self.train_pass(k, client, data, rnd, epoch, global_pass, "global", stats)
+                self.train_pass(k, client, data, rnd, epoch, personal_pass, "personal", stats, **own)
+                own = {"inplace": True}
+            self.train_pass(k, client, data, rnd, epoch, global_pass, "global", stats, **own)
+            own = {"inplace": True}
         return stats
 
     def grad_select(self, client: ClientState, reference: State, rnd: int, k: int) -> dict[str, torch.Tensor]:
