@@ -70,6 +70,8 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     started_ray = not ray.is_initialized()
     try:
         if started_ray:
+            if plan.args.address is None:
+                loopback_only()
             with guard.hold():  # a half-started Ray would outlive the driver
                 ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
                          logging_level="WARNING", log_to_driver=True)
@@ -85,6 +87,20 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
         if started_ray:
             with guard.hold(then_raise=False):
                 ray.shutdown()
+
+
+def loopback_only() -> None:
+    """Make the Ray this driver starts listen on 127.0.0.1 only. Ray 2.60 binds its servers (GCS,
+    raylet, workers, object manager) to the node's address, which on Linux is the machine's own
+    (every interface for some); as on macOS and Windows, where Ray keeps single-machine clusters
+    on loopback, the node address becomes 127.0.0.1 when cluster support is switched off
+    (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read by Ray when imported: set in the environment the
+    raylet and workers inherit, and in the constant this process already read). Joining a cluster
+    (`--address`) leaves Ray's own behaviour."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any], guard: Interrupts) -> int:
