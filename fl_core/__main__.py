@@ -8,6 +8,7 @@ declarations (fl_core/config.py and each method's file); a method's knobs apply 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -38,12 +39,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         common, method = split_run_arguments(args)
         config = RunConfig(**common, **method)
+        results_dir = results_dir or Path("results/runs") / f"{config.algorithm}-{config.config_hash()}"
+        unusable = results_problem(results_dir)
+        if unusable:
+            raise ConfigError(unusable)
         from .simulation import Simulation  # heavy imports only after the arguments are valid
         sim = Simulation(config)
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return _run(sim, results_dir or Path("results/runs") / f"{config.algorithm}-{config.config_hash()}")
+    try:
+        return _run(sim, results_dir)
+    except OSError as err:  # a full disk, a folder made read-only meanwhile: every earlier write is intact
+        print(f"error: could not write to {results_dir}: {err.strerror or err}; the rounds written before are "
+              f"kept in {results_dir / 'rounds.parquet'}", file=sys.stderr)
+        return 2
+
+
+def results_problem(path: Path) -> str | None:
+    """Why `path` cannot hold the results (None when it can): a file where a folder must be, or a
+    folder this user cannot write in."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--results {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--results {path}: cannot write in {existing} (permission denied)"
+    return None
 
 
 def _run(sim, results_dir: Path) -> int:

@@ -1,5 +1,7 @@
 """`python -m fl_core`: output files, printed progress, --help, and clear errors before any work."""
 import dataclasses
+import errno
+import os
 import subprocess
 import sys
 
@@ -89,3 +91,36 @@ def test_a_knob_of_another_method_is_refused_naming_its_owner(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "pers_rate is a knob of fedselect, not of fedavg" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_results_path_that_is_a_file_or_unwritable_is_one_error_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    assert main(TINY + ["--results", str(blocker / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: --results {blocker / 'run'}: {blocker} is a file, not a folder"
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # root may write anywhere: nothing to test then
+        assert main(TINY + ["--results", str(locked / "run")]) == 2
+        assert f"cannot write in {locked} (permission denied)" in capsys.readouterr().err
+
+
+def test_a_full_disk_mid_run_is_one_error_and_keeps_the_rounds_written(tmp_path, capsys, monkeypatch):
+    from fl_core import results
+
+    real, calls = results.write_parquet, []
+
+    def fills_up(frame, path):
+        calls.append(path)
+        if len(calls) == 4:  # clients.parquet, round 1, round 2: then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(frame, path)
+
+    monkeypatch.setattr(results, "write_parquet", fills_up)
+    assert main(TINY + ["--rounds", "4", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "No space left on device" in err and "Traceback" not in err
+    kept = pd.read_parquet(tmp_path / "rounds.parquet")
+    assert sorted(kept["round"].unique()) == [1, 2]  # the last complete write, intact
+    assert not list(tmp_path.glob(".*.tmp"))
