@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from fl_core import client_state, masks
-from fl_core.masks import (PackedMask, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
-                            select_largest, select_largest_reference, unpack_bits)
+from fl_core.masks import (PackedMask, as_float, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
+                            select_largest, select_largest_reference, unpack_bits, zero_where)
 
 
 def test_masked_average_matches_hand_computation():
@@ -188,3 +188,16 @@ def test_client_state_packs_masks_and_round_trips_through_torch_save(tmp_path):
     # a state written with plain bool masks (before masks were packed) still loads
     legacy = ClientState.from_dict({"state": state, "mask": plain, "extra": {}})
     assert legacy.mask == plain
+
+
+def test_as_float_and_zero_where_are_their_torch_definitions_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(70000, generator=g)
+    values[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1e-40])  # NaN, infs, zeros, a subnormal
+    mask = torch.rand(70000, generator=g) < 0.4
+    assert torch.equal(as_float(mask), mask.to(torch.float32)) and as_float(mask, torch.float64).dtype == torch.float64
+    zeroed, reference = zero_where(values, mask), values.masked_fill(mask, 0.0)
+    assert torch.equal(zeroed.view(torch.int32), reference.view(torch.int32))  # the bits, signs of zero included
+    assert values[0].isnan()  # the input is left as it was
+    half = values.to(torch.float16)  # other dtypes take masked_fill itself
+    assert torch.equal(zero_where(half, mask).view(torch.int16), half.masked_fill(mask, 0.0).view(torch.int16))

@@ -59,7 +59,7 @@ from torch import Tensor
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from ..masks import personal_fraction
+from ..masks import as_float, personal_fraction, zero_where
 from ..sparse import prune_smallest
 from ..training import State
 from .base import Algorithm, ClientInfo, LocalStats
@@ -140,7 +140,7 @@ class LotteryFL(Algorithm):
         for n in self.param_names:  # the lottery-ticket reset: θ^0 ⊙ m
             init = self.initial[n]
             mask = client.mask.get(n)
-            client.state[n] = init.clone() if mask is None else init.masked_fill(mask, 0.0)
+            client.state[n] = init.clone() if mask is None else zero_where(init, mask)
         client.extra["sparsity"] = self.sparsity(client)
 
     # ---------------------------------------------------------------- client side
@@ -152,7 +152,7 @@ class LotteryFL(Algorithm):
             counts = self.prune_counts(client)
             if any(counts.values()):
                 self.prune_and_reset(client, counts)
-        update = {n: (~client.mask[n]).to(torch.float32) if n in client.mask else None
+        update = {n: as_float(~client.mask[n]) if n in client.mask else None
                   for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update)
         stats.metrics = {"lottery_sparsity": client.extra["sparsity"], "lottery_val_acc": acc}
@@ -163,7 +163,7 @@ class LotteryFL(Algorithm):
         for n in self.param_names:
             mask = client.mask.get(n)
             g = self.global_state[n]
-            client.state[n] = g.clone() if mask is None else g.masked_fill(mask, 0.0)
+            client.state[n] = g.clone() if mask is None else zero_where(g, mask)
 
     def personal_fraction(self, client: ClientState) -> float:
         return personal_fraction(client.mask, self.numels)
