@@ -55,13 +55,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("script", help="a sweep under sweeps/, e.g. fedselect_grid or baselines")
     parser.add_argument("args", nargs="*", help="its arguments (after --)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the two sweeps' folders here (default: a temporary folder, removed)")
     opts = parser.parse_args()
     if not (REPO / "sweeps" / f"{opts.script}.py").is_file():
         parser.error(f"no sweep sweeps/{opts.script}.py")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for concurrent in (1, 2):
-            row = run_sweep(opts.script, opts.args, concurrent, Path(tmp) / f"c{concurrent}")
+            row = run_sweep(opts.script, opts.args, concurrent, (opts.keep or Path(tmp)) / f"c{concurrent}")
             rows.append(row)
             print(f"{concurrent} concurrent: {row['trials']} trials in {row['wall']:.0f} s "
                   f"({row['per_hour']:.0f} trials/hour); trial phase {row['phase']:.0f} s "
