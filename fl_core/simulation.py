@@ -7,8 +7,8 @@ client averages with its neighbours; on evaluated rounds (`eval_every`, always t
 client is scored (a client that missed broadcasts as it would start its next round), each
 distinct model once: the model after local training is scored again after the communication step
 only if that step changed it, and a personalized model that is the broadcast state is not scored
-a second time (`_Snapshot`). Traffic is
-counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
+a second time (`_Snapshot`); `eval_models = "acc"` scores only the model reported as `acc`.
+Traffic is counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
 never take part; after the last round each joins as a newcomer and is scored (`_newcomer`), in
 rows marked `pool = "unseen"` that no seen-client mean includes.
 
