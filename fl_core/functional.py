@@ -34,7 +34,7 @@ def functional_cross_entropy(model: nn.Module, params: Params, buffers: Params, 
 def functional_sgd(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], x: Tensor,
                    y: Tensor, lrs: Mapping[str, Tensor | float], *, batch_size: int, seed: int, epochs: int = 1,
                    create_graph: bool = False, loss_fn: FunctionalLoss = functional_cross_entropy,
-                   ) -> tuple[Params, Params]:
+                   grad_term: Callable[[str, Tensor], Tensor] | None = None) -> tuple[Params, Params]:
     """Plain SGD on (x, y): per batch θ_n ← θ_n − η_n ∇_n L for every tensor n in `lrs` (others stay
     fixed). Returns (parameters, buffers) after `epochs` passes; buffers (BN running statistics)
     are updated on copies in train mode, never in place.
@@ -43,7 +43,9 @@ def functional_sgd(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapp
     with constant learning rates this is the same update as the fast path, up to rounding.
     `create_graph=True` keeps the graph of every step, so the result can be differentiated with
     respect to the starting parameters and to the learning rates (tensors with requires_grad);
-    else each step is detached and the result is plain tensors.
+    else each step is detached and the result is plain tensors. `grad_term(name, θ_n)`, when given,
+    is added to the loss's gradient of θ_n: the gradient of a simple extra term (pFedMe's
+    proximal one) without building its graph over every parameter.
     """
     if not lrs:
         raise ValueError("functional_sgd needs at least one tensor to train (lrs is empty)")
@@ -68,6 +70,8 @@ def functional_sgd(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapp
                 idx = order[start:start + batch_size]
                 loss = loss_fn(model, params, buffers, x[idx], y[idx])
                 grads = torch.autograd.grad(loss, [params[m] for m in names], create_graph=create_graph)
+                if grad_term is not None:
+                    grads = [g + grad_term(m, params[m]) for m, g in zip(names, grads)]
                 for m, g in zip(names, grads):
                     new = params[m] - lrs[m] * g
                     params[m] = new if create_graph else new.detach().requires_grad_(True)

@@ -32,6 +32,29 @@ def test_functional_sgd_matches_the_in_place_trainer():
     assert torch.equal(sim.clients[0].state[next(iter(params))], state[next(iter(params))])  # input untouched
 
 
+def test_a_grad_term_is_the_autograd_gradient_of_its_proximal_term_bit_for_bit():
+    """pFedMe's inner steps: λ(θ − w) added to the cross-entropy's gradient equals autograd's
+    gradient of ce + λ/2·||θ − w||², to the last bit (float32(λ/2)·2x is float32(λ)·x exactly)."""
+    sim = Simulation(tiny(algorithm="fedavg", rounds=1))
+    model, d = sim.trainer.model, sim.data.clients[0]
+    params, buffers = split(model)
+    anchor = {n: p.detach() + 0.01 * torch.randn_like(p) for n, p in params.items()}
+    lrs = {n: 0.09 for n in params}
+    lam = 15.0
+
+    def with_term(m, p, b, x, y):
+        ce = nn.functional.cross_entropy(torch.func.functional_call(m, (p, b), (x,)), y)
+        return ce + 0.5 * lam * sum(((p[n] - anchor[n]) ** 2).sum() for n in p)
+
+    common = dict(batch_size=16, seed=3, epochs=3)
+    by_autograd, _ = functional_sgd(model, params, buffers, d.x_train, d.y_train, lrs, loss_fn=with_term, **common)
+    added, _ = functional_sgd(model, params, buffers, d.x_train, d.y_train, lrs, **common,
+                              grad_term=lambda n, theta: (theta.detach() - anchor[n]) * lam)
+    assert all(torch.equal(by_autograd[n], added[n]) for n in params)
+    moved = functional_sgd(model, params, buffers, d.x_train, d.y_train, lrs, **common)[0]
+    assert not all(torch.equal(moved[n], added[n]) for n in params)  # the term does something
+
+
 def test_gradient_through_training_with_respect_to_per_tensor_learning_rates():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()

@@ -23,7 +23,8 @@ data (`run_epochs` on w) with a `loss_fn` whose value is λ/2 · ||w − θ̃||�
 respect to w is λ(w − θ̃), so the pass's SGD step is step 2, with the run's momentum and weight
 decay applied to it as to any loss). Inside that loss, for the batch it is given, step 1 runs
 first with `functional_sgd` (one full-batch step per "epoch", K epochs), anchored at the
-current w; the loss reports the batch's cross-entropy at θ̃'s last inner step as its value, so
+current w; its proximal gradient λ(θ − w) is added to the cross-entropy's directly
+(`grad_term`: the same float32 numbers autograd gave, without a graph over every parameter); the loss reports the batch's cross-entropy at θ̃'s last inner step as its value, so
 `loss` is the personalized model's training loss. The model never runs forward at w, so w's
 BatchNorm buffers would stay at their initial values: after each local update the client's
 buffers are set to θ̃'s (buffers are never averaged).
@@ -48,6 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from torch import Tensor, nn
 
 from ..client_state import ClientState
@@ -93,18 +95,23 @@ class PFedMe(Algorithm):
         seed = derive_seed(self.config.seed, rnd, k, "pfedme-inner")  # order inside a batch: rounding only
         last_ce: list[Tensor] = []
 
-        def moreau_objective(anchor: State):
-            def loss(model: nn.Module, params: State, bufs: State, x: Tensor, y: Tensor) -> Tensor:
-                ce = functional_cross_entropy(model, params, bufs, x, y)
-                last_ce[:] = [ce.detach()]
-                return ce + 0.5 * lam * sum(((params[n] - anchor[n]) ** 2).sum() for n in names)
-            return loss
+        def cross_entropy(model: nn.Module, params: State, bufs: State, x: Tensor, y: Tensor) -> Tensor:
+            ce = functional_cross_entropy(model, params, bufs, x, y)
+            last_ce[:] = [ce.detach()]
+            return ce
+
+        def proximal(anchor: State):
+            # the gradient of λ/2·||θ − w||², λ(θ − w), added to the cross-entropy's: as autograd
+            # rounds it (float32(λ/2) · 2(θ − w) is float32(λ)·(θ − w) exactly), without its graph
+            scale = float(np.float32(lam))
+            return lambda n, theta_n: (theta_n.detach() - anchor[n]) * scale
 
         def outer_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
             nonlocal theta, buffers
             w = dict(model.named_parameters())  # the local model, as the pass holds it for this batch
             theta, buffers = functional_sgd(model, theta, buffers, x, y, lrs, batch_size=x.shape[0], seed=seed,
-                                            epochs=steps, loss_fn=moreau_objective({n: w[n].detach() for n in names}))
+                                            epochs=steps, loss_fn=cross_entropy,
+                                            grad_term=proximal({n: w[n].detach() for n in names}))
             pull = 0.5 * lam * sum(((w[n] - theta[n]) ** 2).sum() for n in names)  # ∇_w = λ(w − θ̃)
             return pull - pull.detach() + last_ce[0]  # value: θ̃'s cross-entropy; gradient: the pull's
 
