@@ -56,7 +56,7 @@ def sweep(configs: list[RunConfig], refs: dict, folder: Path, reuse: bool = Fals
         tune.with_parameters(run_trial, data_refs=refs, sweep_dir=str(folder), sweep=folder.name,
                              resources=TrialResources(cpus=1, gpus=0)),
         {"cpu": 1})
-    space, _ = grid_space(configs, {})
+    space, _ = grid_space([("grid", c) for c in configs], {})
     tuner = tune.Tuner(trainable, param_space=space, tune_config=tune.TuneConfig(reuse_actors=reuse),
                        run_config=tune.RunConfig(name="tune", storage_path=str(folder), verbose=0,
                                                  callbacks=[timeline]))
