@@ -24,8 +24,9 @@ respect to w is λ(w − θ̃), so the pass's SGD step is step 2, with the run's
 decay applied to it as to any loss). Inside that loss, for the batch it is given, step 1 runs
 first with `functional_sgd` (one full-batch step per "epoch", K epochs), anchored at the
 current w; its proximal gradient λ(θ − w) is added to the cross-entropy's directly
-(`grad_term`: the same float32 numbers autograd gave, without a graph over every parameter); the loss reports the batch's cross-entropy at θ̃'s last inner step as its value, so
-`loss` is the personalized model's training loss. The model never runs forward at w, so w's
+(`grad_term`: the same float32 numbers autograd gave, without a graph over every parameter).
+The loss reports the batch's cross-entropy at θ̃'s last inner step as its value, so `loss` is
+the personalized model's training loss. The model never runs forward at w, so w's
 BatchNorm buffers would stay at their initial values: after each local update the client's
 buffers are set to θ̃'s (buffers are never averaged).
 
