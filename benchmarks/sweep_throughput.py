@@ -7,9 +7,8 @@ with `--max-concurrent 2` (the cores of the development machine). For each it re
     the final tables and MLflow runs), what a user waits for;
   - trials per hour over the trial phase alone (first trial start to last trial report, from the
     `started_at` / `reported_at` columns of trials.parquet), which the fixed costs do not dilute;
-  - the median seconds from a trial's start to its first round (`reported_at` of round 1 minus
-    `started_at` of the trial is not stored, so the cold start comes from
-    `benchmarks/sweep_scaling.py`, which times it through Tune callbacks).
+  - the median wall time of a trial.
+A trial's cold start (scheduled -> first round) is timed by `benchmarks/sweep_scaling.py`.
 Efficiency = (trials per hour at 2 / trials per hour at 1) / 2; the target is >= 0.9.
 
     .venv/bin/python benchmarks/sweep_throughput.py fedselect_grid                       # the default sweep, 96 trials

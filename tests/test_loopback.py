@@ -86,14 +86,16 @@ def test_proc_addresses_decode_as_ss_prints_them():
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
 def test_a_local_sweep_listens_on_loopback_only(tmp_path, tmp_path_factory):
     env = os.environ | {"RAY_TMPDIR": str(tmp_path_factory.mktemp("rayloop"))}  # short: Ray's socket paths
-    sweep = subprocess.Popen(
-        [sys.executable, "sweeps/fedselect_grid.py", *sweep_args(tmp_path, "loopback", rounds=500),
-         "--algorithms", "fedselect", "--anchors", "--pers-rate", "0.25"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "sweep.log"  # a file, not a pipe: nobody reads while it runs, a full pipe would stall it
+    with open(log, "w") as out:
+        sweep = subprocess.Popen(
+            [sys.executable, "sweeps/fedselect_grid.py", *sweep_args(tmp_path, "loopback", rounds=500),
+             "--algorithms", "fedselect", "--anchors", "--pers-rate", "0.25"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 240
         while not list((tmp_path / "loopback").glob("rounds/*.parquet")):  # a trial has reported a round
-            assert sweep.poll() is None, sweep.stdout.read()[-3000:]
+            assert sweep.poll() is None, log.read_text()[-3000:]
             assert time.time() < deadline, "no trial reported a round within 4 minutes"
             time.sleep(0.5)
         sockets = listening(process_tree(sweep.pid))
@@ -101,7 +103,7 @@ def test_a_local_sweep_listens_on_loopback_only(tmp_path, tmp_path_factory):
                  for pid, _, _ in sockets}
     finally:
         os.killpg(sweep.pid, signal.SIGTERM)
-        sweep.communicate(timeout=120)
+        sweep.wait(timeout=120)
     assert len(sockets) >= 3  # GCS, raylet, workers at least: the listing saw Ray's processes
     exposed = [(names[pid], address, port) for pid, address, port in sockets if not is_loopback(ipaddress.ip_address(address))]
     assert not exposed, f"listening beyond this machine: {exposed}"
