@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny
 from fl_core.simulation import Simulation
-from fl_core.sparse import anneal_rate, layer_densities, prune_count, prune_smallest, random_masks, regrow
+from fl_core.sparse import anneal_rate, layer_densities, permutation, prune_count, prune_smallest, random_masks, regrow
 from fl_core.topology import active_clients, neighbours
 from fl_core.training import LocalTrainer, SGDSettings
 
@@ -135,6 +135,17 @@ def test_prune_and_regrow_of_large_tensors_choose_what_a_stable_sort_chooses():
         expected = pruned.reshape(-1).clone()
         expected[candidates[torch.randperm(len(candidates), generator=torch.Generator().manual_seed(trial))[:count]]] = False
         assert torch.equal(at_random, expected.reshape(shape)), trial
+
+
+def test_permutation_is_randperm_and_leaves_the_generator_where_randperm_does():
+    """Regrowth and the initial masks draw with `permutation` (int32 indices); the draws, and every
+    draw after them, must be those of `torch.randperm` (int64), or DisPFL's runs would change."""
+    for n in [1, 2, 17, 1000, 70_000, 3_000_001]:
+        ours, torchs = torch.Generator().manual_seed(n), torch.Generator().manual_seed(n)
+        drawn = permutation(n, ours)
+        assert drawn.dtype == torch.int32 and torch.equal(drawn.long(), torch.randperm(n, generator=torchs)), n
+        assert torch.equal(ours.get_state(), torchs.get_state()), n
+        assert torch.equal(torch.rand(3, generator=ours), torch.rand(3, generator=torchs)), n
 
 
 def test_erk_densities_total_the_density_and_keep_1d_tensors_dense():

@@ -39,6 +39,28 @@ def test_masked_average_none_means_whole_tensor_and_weights_normalise():
     assert torch.allclose(out["b"], torch.tensor([(2 + 12) / 4]))
 
 
+@pytest.mark.parametrize("clients", [1, 2, 3, 5, 7, 13])
+def test_sparse_states_average_by_counts_bit_for_bit(clients):
+    """With states zero outside their masks and equal weights, `zero_outside=True` reads the weight
+    sum from a count of contributors; it must be the general path's float sums to the last bit
+    (and where nobody contributes, the previous value)."""
+    g = torch.Generator().manual_seed(clients)
+    shape = (37, 29)
+    sent = [torch.rand(shape, generator=g) < 0.6 for _ in range(clients)]
+    states = [{"w": torch.randn(shape, generator=g) * m} for m in sent]
+    previous = {"w": torch.randn(shape, generator=g)}
+    weights = [1.0 / clients] * clients
+    general = masked_average(previous, states, [{"w": m} for m in sent], weights, ["w"])["w"]
+    counted = masked_average(previous, states, [{"w": m} for m in sent], weights, ["w"], zero_outside=True)["w"]
+    assert torch.equal(general.view(torch.int32), counted.view(torch.int32))
+    nobody = ~torch.stack(sent).any(0)
+    assert torch.equal(counted[nobody], previous["w"][nobody])
+    if clients > 1:  # unequal weights take the general path, with the same result
+        uneven = [float(k + 1) for k in range(clients)]
+        assert torch.equal(masked_average(previous, states, [{"w": m} for m in sent], uneven, ["w"], zero_outside=True)["w"],
+                           masked_average(previous, states, [{"w": m} for m in sent], uneven, ["w"])["w"])
+
+
 def test_select_largest_takes_exactly_count_of_the_largest_free_entries():
     delta = torch.tensor([[0.1, -0.9, 0.5], [0.7, 0.0, -0.3]])
     personal = torch.tensor([[False, True, False], [False, False, False]])  # -0.9 is already personal
