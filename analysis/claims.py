@@ -34,7 +34,7 @@ import pandas as pd
 from fl_core.results import write_parquet
 from sweeps.spec import load_spec
 
-from .load import find_sweeps, load_rounds, load_trials
+from .load import DamagedFile, find_sweeps, load_rounds, load_trials
 from .stats import SUMMARY
 
 HOLDS, FAILS, UNSURE, NOT_RUN = "holds", "does not hold", "inconclusive", "not run"
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         table = check_claims(args.results)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, DamagedFile) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     text = to_markdown(table) if args.markdown else table.to_string(index=False)

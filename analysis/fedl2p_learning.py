@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.load import load_clients, load_rounds
+from analysis.load import DamagedFile, load_clients, load_rounds
 
 META = ("fedl2p", "l2p")
 BETA, ETA = "beta:", "eta:"
@@ -302,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--plot", help="also draw the validation loss over meta rounds to this image file")
     args = parser.parse_args(argv)
-    rounds, clients = load(args.results)
+    try:
+        rounds, clients = load(args.results)
+    except (FileNotFoundError, DamagedFile) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     text = report(rounds, clients, args.markdown)
     print(text)
     if args.plot:

@@ -24,7 +24,7 @@ from fl_core.algorithms import params_class
 from fl_core.config import NON_SEMANTIC, RunConfig
 from fl_core.knobs import base_type, knob_fields
 from fl_core.results import add_labels, trial_row
-from sweeps.parquet_sink import read_files, read_rounds
+from sweeps.parquet_sink import DamagedFile, read_files, read_rounds  # noqa: F401 (DamagedFile: for the CLIs)
 
 PathLike = str | Path
 

@@ -21,6 +21,7 @@ columns. A figure the results do not support is skipped with a printed note.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from analysis.load import find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
+from analysis.load import DamagedFile, find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
 from fl_core.config import COMMON_KNOBS, DIRICHLET_PARTITIONS, NON_SEMANTIC, knob_owners
 from fl_core.results import across_seeds, summarize_trial
 
@@ -301,14 +302,19 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.plots", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="sweep folders or folders of sweeps")
     parser.add_argument("--out", help="output folder (default: the first RESULTS path's figures/)")
     args = parser.parse_args(argv)
-    for path in build_plots(args.results, args.out):
-        print(path)
+    try:
+        for path in build_plots(args.results, args.out):
+            print(path)
+    except (FileNotFoundError, DamagedFile) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -55,7 +55,7 @@ import pandas as pd
 from fl_core.algorithms import ALGORITHMS, get_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
-from .load import is_gradselect, labelled, load_trials
+from .load import DamagedFile, is_gradselect, labelled, load_trials
 from .load import unfinished as unfinished_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_tables(args.results, args.table, args.out, echo=True, unfinished=args.unfinished,
                      markdown=args.markdown)
-    except (FileNotFoundError, TableError) as err:
+    except (FileNotFoundError, TableError, DamagedFile) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -23,7 +23,7 @@ import pandas as pd
 
 from fl_core.data import load_data
 
-from . import resources
+from . import damage, resources
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
@@ -55,6 +55,8 @@ def launch(plan: SweepPlan, gpus: float | str) -> int:
 def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     import ray
 
+    if plan.args.resume:  # damaged files are set aside and their trials run again (sweeps/damage.py)
+        damage.set_aside(plan.folder, say=lambda line: print(line, flush=True))
     # Data once per distinct data spec, on the driver (a missing file fails here, before Ray starts).
     datasets: dict[str, Any] = {}
     for config in data_configs(plan.spec, list(plan.stages)):
@@ -114,13 +116,16 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                              checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round),
         request.as_tune())
     TrialLedger.seen = {}
-    stages, ran = list(plan.stages), []
+    stages, ran, repaired = list(plan.stages), [], []
     start, stopped = time.time(), None
     while len(ran) < len(stages):
         stage = stages[len(ran)]
         tuner = _tuner(plan, stage, trainable)
         with guard.tune():
             ran.append((stage, tuner.fit()))
+            repair = repair_stage(plan, stage, ran[-1][1])
+            if repair is not None and guard.signum is None:
+                repaired.append((repair, _tuner(plan, repair, trainable).fit()))
         stopped = guard.signum
         if stopped is not None:
             break
@@ -135,7 +140,8 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     elapsed = time.time() - start
     finished = ran[:-1] if stopped is not None else ran  # an interrupted select stage has no winner yet
     with guard.hold(then_raise=False):  # the results are written whatever comes now
-        trials, rows = trials_table(plan, ran, interrupted=stopped is not None, selected=set(winners(finished)))
+        trials, rows = trials_table(plan, ran + repaired, interrupted=stopped is not None,
+                                    selected=set(winners(finished)))
         _summary(plan, trials, rows, elapsed, stopped)
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
@@ -153,6 +159,34 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
         return exit_code(stop.signum)
     return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
+
+
+def repair_stage(plan: SweepPlan, stage: Stage, grid) -> Stage | None:
+    """The trials of a stage that Tune counts as ended without an error but whose rows on disk
+    stop before the round it last saw them report (their files were damaged and set aside, or
+    deleted): a stage that runs them again, each to that round, from round 1 (sweeps/damage.py)."""
+    reported = {}
+    for result in grid:
+        if result.error is None and result.config and (result.metrics or {}).get("round"):
+            run = run_config(result.config)
+            reported[run.config_hash()] = (run, int(result.metrics["round"]), _kind_of(result.config))
+    late = damage.behind(plan.folder, [(key, last, run.rounds) for key, (run, last, _) in reported.items()])
+    if not late:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for key in late:  # what is left of them (a state without its rows) is set aside: they start over
+        leftover = damage.trial_files(plan.folder, key)
+        if leftover:
+            damage.move_aside(plan.folder, leftover, stamp)
+    print(f"[sweep] {stage.name}: {len(late)} trial(s) ended but their rows are not all on disk "
+          f"({', '.join(sorted(late))}); running them again", flush=True)
+    return Stage(name=f"{stage.name}-repair-{stamp}", kind="repair",
+                 configs=tuple((reported[key][2], reported[key][0]) for key in sorted(late)),
+                 stop_after={key: late[key] for key in sorted(late)})
+
+
+def _kind_of(config: dict) -> str:
+    return config.get("trial", config).get("stage") or "grid"
 
 
 def all_completed(grid) -> bool:
@@ -207,7 +241,7 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
     if stage.searched:
         space, shown = search_space(configs[0], stage.domains, columns)
     else:
-        space, shown = grid_space(stage.configs, columns)
+        space, shown = grid_space(stage.configs, columns, stage.stop_after)
     sweep_params = {k: v for k, v in vars(args).items() if k != "resume"} | {
         "study_file": plan.spec.source, "search": plan.spec.search, "scheduler": plan.spec.scheduler,
         "seeds": list(plan.spec.seeds)}

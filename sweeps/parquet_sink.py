@@ -42,6 +42,41 @@ import pandas as pd
 from fl_core.results import write_parquet
 
 SORT_KEYS = ("config_hash", "round", "client")
+
+
+class DamagedFile(ValueError):
+    """Result files that cannot be read (a copy cut short, a disk that filled up, a crashed
+    machine): the message names them and says what to do, in one line."""
+
+    def __init__(self, files: Sequence[tuple[Path, str]]):
+        self.files = [(Path(f), why) for f, why in files]
+        first, why = self.files[0]
+        more = f" (and {len(self.files) - 1} more: {', '.join(str(f) for f, _ in self.files[1:4])}" \
+               f"{', ...' if len(self.files) > 4 else ''})" if len(self.files) > 1 else ""
+        super().__init__(f"damaged results file {first}: {why}{more}; {advice(first)}")
+
+
+def advice(path: Path) -> str:
+    """What to do about a damaged file, by where it lies in a sweep folder."""
+    if path.name == "trials.parquet":
+        return ("delete it: analysis rebuilds the trials from their rows (status INCOMPLETE), and the sweep's "
+                "--resume writes it again")
+    return ("resume the sweep (its command with --resume NAME): the damaged file is set aside under "
+            "damaged/ and its trial runs again")
+
+
+def unreadable(path: Path) -> str | None:
+    """Why a Parquet file cannot be read (its whole content is read), or None if it can."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).read()
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        text = str(err).split(". ")[0].strip().rstrip(".")
+        return f"not a readable Parquet file ({text[:160]})"
+    return None
 _NAME = re.compile(r"^(?P<hash>[^.][^-]*?)(?:-r(?P<round>\d+))?\.parquet$")
 
 
@@ -138,11 +173,16 @@ def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort
     factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
     try:
         schema = factory.inspect(promote_options="permissive", fragments=None).remove_metadata()
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for clashing columns
+        dataset = factory.finish(schema)
+        names = [c for c in columns if c in schema.names] if columns is not None else None
+        table = dataset.to_table(columns=names)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for damaged files and clashing columns
+        damaged = [(Path(f), why) for f in files if (why := unreadable(Path(f))) is not None]
+        if damaged:
+            raise DamagedFile(damaged) from None
         raise ValueError(f"the Parquet files under {Path(files[0]).parent} do not share one schema: {err}") from err
-    dataset = factory.finish(schema)
-    names = [c for c in columns if c in schema.names] if columns is not None else None
-    table = dataset.to_table(columns=names)
     keys = [k for k in sort if k in table.column_names]
     if keys and not _is_sorted(table, keys):
         table = table.sort_by([(k, "ascending") for k in keys])

@@ -73,16 +73,19 @@ def progress_columns(configs: list[RunConfig], named: tuple[str, ...] = ()) -> d
     return {k: COLUMN_TITLES.get(k, k) for k in dict.fromkeys(knobs) if k != "seed" or len(configs) > 1}
 
 
-def grid_space(trials: Sequence[tuple[str, RunConfig]], columns: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def grid_space(trials: Sequence[tuple[str, RunConfig]], columns: Mapping[str, str],
+               stop_after: Mapping[str, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """(Tune param space, progress-table columns) of a grid over validated configs, each with the
-    stage it belongs to; `columns` maps knob names to column titles."""
+    stage it belongs to; `columns` maps knob names to column titles; `stop_after` (config hash ->
+    round): trials that end after that round (a repair run, sweeps/damage.py)."""
     from ray import tune
 
     rows = []
     for stage, config in trials:
         flat = config.to_dict()
         rows.append({"run": flat, "stage": stage,
-                     "show": {title: flat.get(knob, MISSING_CELL) for knob, title in columns.items()}})
+                     "show": {title: flat.get(knob, MISSING_CELL) for knob, title in columns.items()}}
+                    | ({"stop_after": stop_after[config.config_hash()]} if stop_after else {}))
     return {"trial": tune.grid_search(rows)}, {f"trial/show/{title}": title for title in columns.values()}
 
 

@@ -42,10 +42,11 @@ OBJECTIVE = "objective"   # what every trial reports for selection (see `objecti
 @dataclass(frozen=True)
 class Stage:
     name: str                                          # Tune experiment folder: <sweep>/<name>
-    kind: str                                          # pretrain, grid (plain sweep), anchor, select, confirm
+    kind: str                                          # pretrain, grid (plain sweep), anchor, select, confirm, repair
     configs: tuple[tuple[str, RunConfig], ...] = ()    # (stage of the trial, config); a search: its base
     domains: dict[str, Any] = field(default_factory=dict)  # optuna: knob -> Range or list of choices
     group: str = ""                                    # select: "<data setting> / <method>"
+    stop_after: dict[str, int] = field(default_factory=dict)  # repair: config hash -> round to stop after
 
     @property
     def searched(self) -> bool:

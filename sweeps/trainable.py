@@ -51,7 +51,7 @@ from fl_core.data import FederatedData, load_data
 from fl_core.results import client_rows, mask_rows, round_rows, summarize_round
 from fl_core.simulation import Simulation
 
-from . import parquet_sink
+from . import damage, parquet_sink
 from .plan import run_config
 from .resources import TrialResources
 from .stages import OBJECTIVE, objective_of
@@ -89,8 +89,15 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
 
     progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "selection": math.nan, "last_report": None}
     if saved.exists():
-        progress = sim.restore(saved)
-    else:
+        try:
+            progress = sim.restore(saved)
+        except Exception as err:  # noqa: BLE001 - a damaged file fails in torch's reader or in unpickling
+            aside = damage.move_aside(folder, damage.trial_files(folder, key), time.strftime("%Y%m%d-%H%M%S"))
+            logging.getLogger(__name__).warning("trial %s: its state %s cannot be restored (%s: %s); its files are "
+                                                "set aside under %s and it runs again from round 1", key, saved,
+                                                type(err).__name__, str(err)[:160], aside)
+            sim = Simulation(run, data)
+    if not saved.exists():
         parquet_sink.write_clients(folder, key, client_rows(sim.data, run, **context))
     if sim.completed == run.rounds:  # finished before an interruption: repair, report it again
         _finish(folder, sim, hands_on)
@@ -103,6 +110,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
                   "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
                   "node_id": ray.get_runtime_context().get_node_id()}  # the Ray node the trial ran on (last run)
     selected_on = objective_of(run)
+    stop_after = config.get("trial", config).get("stop_after")  # a repair run: to the round Tune saw last
     for result in sim.run():
         rows = pd.DataFrame(round_rows(result, run, sim.model_name, **context))
         parquet_sink.write_round(folder, key, result.round, rows)
@@ -122,6 +130,9 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         tune.report(report)
         if crash_at_round == result.round:
             _crash_once(folder, key, result.round)
+        if stop_after is not None and result.round >= stop_after and not done:
+            sim.save(saved, **progress)
+            return
 
 
 def _finish(folder: Path, sim: Simulation, hands_on: bool = False) -> None:

@@ -29,6 +29,7 @@ from ray import tune
 
 from fl_core.results import trial_row, write_parquet
 
+from . import parquet_sink
 from .parquet_sink import read_trial
 from .plan import SweepPlan, reached_last_round, run_config
 from .stages import objective_of
@@ -56,7 +57,7 @@ def trials_table(plan: SweepPlan, ran=(), interrupted: bool = False, selected: s
     Trials known from neither Tune nor the plan (a search's samples when the sweep was stopped
     before Tune ran again) keep their row of the previous trials.parquet."""
     rows: dict[str, dict[str, Any]] = {}
-    count = 0
+    count: dict[str, int] = {}  # a trial run again (a repair stage) replaces its earlier row
     for _stage, grid in ran:
         for result in grid:
             status_then, config = TrialLedger.seen.get(str(result.path), (None, None))
@@ -69,24 +70,24 @@ def trials_table(plan: SweepPlan, ran=(), interrupted: bool = False, selected: s
             status = _tune_status(metrics, result.error, status_then, len(rounds), interrupted,
                                   reached_last_round(run, metrics))
             rows[run.config_hash()] = _row(plan, run, rounds, status, metrics, result.error, _stage_of(config))
-            count += len(rounds)
+            count[run.config_hash()] = len(rounds)
     planned = [(kind, run) for stage in plan.stages if not stage.searched for kind, run in stage.configs]
     for kind, run in planned:  # trials Tune had not created (or no Tune at all): from the plan and the disk
         if run.config_hash() not in rows:
             rounds = read_trial(plan.folder, run.config_hash())
             rows[run.config_hash()] = _row(plan, run, rounds, _disk_status(run, rounds), {}, None, kind)
-            count += len(rounds)
+            count[run.config_hash()] = len(rounds)
     order = dict.fromkeys(run.config_hash() for _, run in planned) | dict.fromkeys(rows)  # plan order first
     rows = {key: rows[key] for key in order}
     trials = pd.DataFrame(list(rows.values())) if rows else pd.DataFrame({"config_hash": [], "status": []})
     previous = plan.folder / "trials.parquet"
-    if previous.exists():
+    if previous.exists() and parquet_sink.unreadable(previous) is None:  # damaged: set aside on --resume
         old = pd.read_parquet(previous)
         trials = pd.concat([trials, old[~old["config_hash"].isin(trials["config_hash"])]], ignore_index=True)
     if len(trials):
         trials["selected"] = trials["config_hash"].isin(selected) & (trials["stage"] == "select")
     write_parquet(trials, plan.folder / "trials.parquet")
-    return trials, count
+    return trials, sum(count.values())
 
 
 def _stage_of(config: dict) -> str | None:
