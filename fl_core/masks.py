@@ -38,7 +38,7 @@ def zero_where(values: Tensor, mask: Tensor) -> Tensor:
     times slower on CPU."""
     if values.dtype != torch.float32 or values.shape != mask.shape:
         return values.masked_fill(mask, 0.0)
-    keep = mask.to(torch.int32).sub_(1)  # -1 (all ones) where kept, 0 where zeroed
+    keep = mask.view(torch.uint8).to(torch.int32).sub_(1)  # -1 (all ones) where kept, 0 where zeroed
     return keep.bitwise_and_(values.view(torch.int32)).view(torch.float32)
 
 
@@ -99,7 +99,10 @@ def _counted_average(previous: Tensor, values: Sequence[Tensor], masks: Sequence
     for _ in values:  # the weight sum after c contributions, with the add_ of the general path
         sums.append(sums[-1].clone().add_(one, alpha=weight))
     table = torch.cat(sums)
-    if previous.device.type == "cpu":  # numpy gathers by uint8 index without an int64 copy
+    scaled = torch.arange(len(sums), dtype=torch.uint8).to(previous.dtype).mul_(weight)
+    if torch.equal(scaled, table):  # c · w rounds to the sum of c w's for every c here (most group sizes)
+        weight_sum = counts.to(previous.dtype).mul_(weight)
+    elif previous.device.type == "cpu":  # numpy gathers by uint8 index without an int64 copy
         weight_sum = torch.from_numpy(table.numpy()[counts.numpy()])
     else:
         weight_sum = table.to(previous.device)[counts.long()]

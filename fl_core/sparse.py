@@ -112,7 +112,7 @@ def prune_smallest(weight: Tensor, pruned: Tensor, count: int) -> Tensor:
         return pruned.clone()
     magnitude = weight.detach().reshape(-1).abs()
     if magnitude.dtype == torch.float32:  # masked_fill(flat, inf) by integer ops (see masks.zero_where)
-        inf = flat.to(torch.int32)
+        inf = flat.view(torch.uint8).to(torch.int32)  # from bytes: faster than from bool
         keys = inf.sub(1).bitwise_and_(magnitude.view(torch.int32)).bitwise_or_(inf.mul_(INF_BITS))
         scores, has_nan = keys.view(torch.float32), int(keys.max()) > INF_BITS  # |NaN| is above +inf as an integer
     else:
