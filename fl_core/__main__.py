@@ -8,7 +8,6 @@ declarations (fl_core/config.py and each method's file); a method's knobs apply 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pandas as pd
 
 from .config import ConfigError, RunConfig, add_run_arguments, split_run_arguments
 from .data import DataError
+from .results import results_problem
 
 EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --partition shards "
            "--shards-per-client 2 --num-clients 10 --rounds 20 --pers-rate 0.25 --pers-limit 0.8 "
@@ -54,19 +54,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: could not write to {results_dir}: {err.strerror or err}; the rounds written before are "
               f"kept in {results_dir / 'rounds.parquet'}", file=sys.stderr)
         return 2
-
-
-def results_problem(path: Path) -> str | None:
-    """Why `path` cannot hold the results (None when it can): a file where a folder must be, or a
-    folder this user cannot write in."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"--results {path}: {existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"--results {path}: cannot write in {existing} (permission denied)"
-    return None
 
 
 def _run(sim, results_dir: Path) -> int:

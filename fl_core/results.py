@@ -310,6 +310,19 @@ def trial_row(config, rounds: pd.DataFrame, **info: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- files
+def results_problem(path: Path, flag: str = "--results") -> str | None:
+    """Why `path` cannot hold the results (None when it can): a file where a folder must be, or a
+    folder this user cannot write in."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{flag} {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {path}: cannot write in {existing} (permission denied)"
+    return None
+
+
 def write_parquet(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write atomically: a unique temp file in the same folder, then rename over the target."""
     path = Path(path)

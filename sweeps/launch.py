@@ -11,6 +11,7 @@ summary of what finished and the command that resumes the sweep; exit status 130
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -38,11 +39,21 @@ METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", OBJECTIVE: "objective",
 SETTING_KNOBS = ("algorithm", "dataset", "partition", "shards_per_client", "dir_alpha")  # in `method`/`setting`
 
 
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # the disk refused a write
+
+
 def launch(plan: SweepPlan, gpus: float | str) -> int:
     start = time.time()
     with Interrupts() as guard:
         try:
             return _launch(plan, gpus, guard)
+        except OSError as err:
+            if err.errno not in DISK_ERRORS:
+                raise
+            print(f"error: could not write {err.filename or plan.folder}: {err.strerror}; the trials' rows and "
+                  f"states written so far are kept; when the disk has room, continue with: {resume_command(plan)}",
+                  file=sys.stderr, flush=True)
+            return 2
         except Interrupted as stop:  # before Tune ran, or a second signal while it ran
             with guard.hold(then_raise=False):
                 if not (plan.folder / "sweep.json").exists():  # so that the resume command finds it
@@ -323,6 +334,12 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
     if link:
         print(f"[sweep] this sweep's trials in MLflow, best first: {link}")
+    full = trials["error"].fillna("").str.contains("|".join(os.strerror(e) for e in DISK_ERRORS), regex=True) \
+        if "error" in trials else pd.Series(False, index=trials.index)
+    if full.any():  # a trial failed because the disk refused its write: say so, once
+        print(f"[sweep] {int(full.sum())} trial(s) failed writing their results "
+              f"({trials.loc[full, 'error'].iloc[0][:160]}); their rows and states up to the last written round are "
+              f"kept: free space, then continue with --resume", flush=True)
     if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
         print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
+from fl_core.results import results_problem
 
 from . import resources
 from .errors import SweepError
@@ -217,6 +218,8 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     """Check the flags and the study file and build every trial's config (raises before any data,
     Ray or file)."""
     name = load_spec(study.presets.get(getattr(args, "preset", "default"), study.spec)).name
+    if (problem := results_problem(args.results)) is not None:
+        raise SweepError(problem)
     if args.resume and (asked := resume_name(args)):  # a named sweep of any of this script's presets
         owner = saved_study(args.results.resolve() / asked)
         name = owner if owner in {load_spec(p).name for p in study.presets.values()} else name

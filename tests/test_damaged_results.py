@@ -3,7 +3,9 @@ file, `--resume` sets damaged files aside and runs their trials again, a trial w
 be restored starts over. The sweep-level test runs on the session's Ray cluster."""
 from __future__ import annotations
 
+import errno
 import logging
+import os
 
 import pandas as pd
 import pytest
@@ -172,3 +174,55 @@ def test_resume_sets_damaged_files_aside_and_runs_their_trials_again(ray_cluster
     for child in children:
         assert child.info.status == "FINISHED"
         assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")) == [1, 2, 3]
+
+
+def no_space(path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def test_a_trial_that_meets_a_full_disk_keeps_its_rounds_and_resumes_to_the_same_rows(tmp_path, outside_tune,
+                                                                                      monkeypatch):
+    straight = read_trial(tmp_path / "straight", run_one(tmp_path / "straight"))
+    folder = tmp_path / "s"
+    real = parquet_sink.write_round
+    monkeypatch.setattr(parquet_sink, "write_round",
+                        lambda f, key, rnd, rows: no_space(parquet_sink.round_path(f, key, rnd)) if rnd == 2
+                        else real(f, key, rnd, rows))
+    with pytest.raises(OSError, match="No space left"):
+        run_one(folder)
+    key = tiny().config_hash()
+    assert sorted(parquet_sink.journal_files(folder, key)) == [1]  # round 1 kept, nothing half-written
+    assert torch.load(trainable.state_path(folder, key), weights_only=True)["completed"] == 1
+    monkeypatch.setattr(parquet_sink, "write_round", real)  # the space is back
+    outside_tune.clear()
+    run_one(folder)
+    assert [r["round"] for r in outside_tune] == [2, 3]
+    count, _, problems = differences(straight, read_trial(folder, key))
+    assert count == 3 * 4 and problems == []
+
+
+def test_a_sweep_refuses_a_results_path_that_is_a_file_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "taken").write_text("not a folder")
+    assert run(sweep_args(tmp_path / "taken" / "deeper", "x")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'taken'} is a file, not a folder" in err
+
+
+def test_a_full_disk_at_the_sweeps_end_is_one_error_and_resume_writes_what_was_missing(ray_cluster, tmp_path,
+                                                                                       capsys, monkeypatch):
+    import sweeps.trials
+    real = sweeps.trials.write_parquet
+    monkeypatch.setattr(sweeps.trials, "write_parquet", lambda frame, path: no_space(path))
+    assert run(sweep_args(tmp_path, "full", "--pers-rate", "0.1", "--anchors", rounds=2)) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "trials.parquet: No space left on device" in lines[0] and "--resume full" in lines[0]
+    folder = tmp_path / "full"
+    rows = read_rounds(folder)
+    assert len(rows) == 2 * 3 and not (folder / "trials.parquet").exists()
+    monkeypatch.setattr(sweeps.trials, "write_parquet", real)
+    assert run(["--resume", "--name", "full", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert trials.status.tolist() == ["COMPLETED"]
+    count, _, problems = differences(rows, read_rounds(folder))
+    assert count == 6 and problems == []
