@@ -25,6 +25,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # a signal from here until the sweep starts: one line, its exit status
+    from sweeps.interrupts import while_starting
+    while_starting()
 
 from sweeps.spec import STUDIES, Method, StudySpec  # noqa: E402
 from sweeps.study import Study, run_study  # noqa: E402

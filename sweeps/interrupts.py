@@ -17,7 +17,8 @@ study is resumed) are dropped; the launcher prints `python sweeps/<study>.py --r
 
 Test hook: with SWEEPS_TEST_PAUSE=<point> in the environment, `pause_for_tests(point)` prints a
 line and sleeps, so that a test can send a signal at a known point ("start": Ray is up, Tune not
-started; "tables": every trial has finished, the tables are next).
+started; "tables": every trial has finished, the tables are next; "imports": a sweep script has
+just started, before its imports).
 """
 from __future__ import annotations
 
@@ -145,6 +146,21 @@ class _DropInterruptLines(logging.Filter):
         if self.guard.signum is None:
             return True
         return not str(record.msg).startswith(TUNE_INTERRUPT_LINES)
+
+
+def while_starting() -> None:
+    """Until `Interrupts` takes over (sweeps.launch): Ctrl-C or SIGTERM while Python imports torch
+    and Ray, parses the flags or plans the trials ends the process at once, with one line and the
+    signal's exit status. Nothing has been written by then. Each sweep script calls this first."""
+    def stop(signum: int, frame) -> None:
+        sys.stderr.write(f"\n{signal_name(signum)} while starting (imports, flags, planning): nothing was run or "
+                         f"written\n")
+        sys.stderr.flush()
+        os._exit(exit_code(signum))
+
+    for signum in SIGNALS:
+        signal.signal(signum, stop)
+    pause_for_tests("imports")
 
 
 def pause_for_tests(point: str) -> None:

@@ -150,6 +150,40 @@ def _signal_self(sig: int) -> None:
     time.sleep(0.5)  # the handler runs here (a raising one ends the sleep)
 
 
+def _mapped(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("script", ["sweeps/fedselect_grid.py", "sweeps/run.py"])
+def test_ctrl_c_while_a_sweep_script_imports_torch_is_one_line_and_exit_130(tmp_path, script):
+    """Caught in the middle of `import torch` (its library mapped, the import not done: about 1.5 s
+    here), a sweep script prints one line and exits 130, writing nothing."""
+    argv = [sys.executable, script] + (["studies/fedselect_grid.toml"] if script.endswith("run.py") else []) + \
+        ["--dry-run", "--results", str(tmp_path)]
+    driver = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not _mapped(driver.pid, "libtorch") and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.01)
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, (out, err)
+    assert err.strip() == "SIGINT while starting (imports, flags, planning): nothing was run or written"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_at_a_sweep_scripts_first_line_is_one_line_and_exit_143(tmp_path):
+    env = os.environ | {"SWEEPS_TEST_PAUSE": "imports", "PYTHONUNBUFFERED": "1"}
+    driver = subprocess.Popen([sys.executable, "sweeps/fedselect_grid.py", "--dry-run"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "paused before imports" in driver.stdout.readline()
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 143 and err.strip().startswith("SIGTERM while starting") and err.count("\n") <= 2
+
+
 def test_a_signal_raises_waits_or_stops_tune_depending_on_where_the_driver_is():
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
