@@ -283,10 +283,10 @@ def _tune_config(plan: SweepPlan, stage: Stage):
         kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0] + 1000 * index)
         kwargs["num_samples"] = plan.spec.num_samples
     if stage.kind == "select" and plan.spec.scheduler == "asha":
-        from ray.tune.schedulers import ASHAScheduler
+        from .asha import ResumableASHA  # its rungs survive an interrupted driver
         rounds = max(c.rounds for _, c in stage.configs)
-        kwargs["scheduler"] = ASHAScheduler(time_attr="round", max_t=rounds, grace_period=max(1, rounds // 4),
-                                            reduction_factor=2)
+        kwargs["scheduler"] = ResumableASHA(plan.folder / stage.name / "asha_rungs.json", time_attr="round",
+                                            max_t=rounds, grace_period=max(1, rounds // 4), reduction_factor=2)
     return tune.TuneConfig(**kwargs)
 
 

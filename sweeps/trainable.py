@@ -32,6 +32,11 @@ snapshot can name a trial checkpoint that `CheckpointConfig(num_to_keep)` has al
 `Tuner.restore` then fails for that trial; keeping every checkpoint instead costs one state per
 round. With one file per trial, a retry (`FailureConfig`), a `--resume` after SIGINT and one after
 SIGKILL all continue from the newest saved round. The file also keeps the final masks.
+
+A round's state is saved after its report returns, which with Tune's synchronous reporting means
+after the driver has acted on it (a scheduler's decision included): a report lost to an
+interrupted driver is made again by the resumed trial, so ASHA sees every round exactly once, as in
+an uninterrupted sweep (sweeps/asha.py). A trial's last round is saved before its report.
 """
 from __future__ import annotations
 
@@ -123,15 +128,15 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
                   "summary": summary, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
                     "last_report": report}
-        if result.round % checkpoint_every == 0 or done:
+        if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)
-        if done:
             _finish(folder, sim, hands_on)
-        tune.report(report)
+        tune.report(report)  # returns once the driver has acted on it (Tune's synchronous reporting)
+        if not done and (result.round % checkpoint_every == 0 or result.round == stop_after):
+            sim.save(saved, **progress)  # after the report: a round whose report was lost runs again
         if crash_at_round == result.round:
             _crash_once(folder, key, result.round)
         if stop_after is not None and result.round >= stop_after and not done:
-            sim.save(saved, **progress)
             return
 
 

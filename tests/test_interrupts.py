@@ -414,4 +414,69 @@ def test_sigint_during_a_selection_stage_then_resume_finishes_every_stage(ray_cl
     assert not chosen.selected.any() and not (driver.folder / "tune-confirm").exists()  # no winner yet
 
     assert run_study(STUDY, ["--resume", "--results", str(tmp_path), "--verbose", "0"]) == 0
-    check_staged(driver.folder, rounds=4, samples=3)
+    resumed = check_staged(driver.folder, rounds=4, samples=3)
+    # ASHA's rungs survived the interrupt (sweeps/asha.py): it stopped the trials an uninterrupted run stops
+    straight = sweep_args(tmp_path, "straight", *STAGED, "--scheduler", "asha", "--pers-rate", "0.1", "0.25", "0.5",
+                          "--pers-limit", "0.5", "--max-concurrent", "1", "--address", ray_cluster.address, rounds=4)
+    assert run_study(STUDY, straight) == 0
+    expected = check_staged(tmp_path / "straight", rounds=4, samples=3)
+    status = {key: frame.set_index("config_hash")[["status", "rounds_done"]].sort_index()
+              for key, frame in (("resumed", resumed), ("straight", expected))}
+    pd.testing.assert_frame_equal(status["resumed"], status["straight"])
+
+
+def _asha_decisions(scheduler, results, trials, stopped: set) -> list[tuple[int, int, str]]:
+    """Feed `results` (trial index, round, value) one at a time, as Tune does with one trial at a
+    time; a trial in `stopped` (updated here) reports nothing more."""
+    decisions = []
+    for k, rnd, value in results:
+        if k in stopped:
+            continue
+        action = scheduler.on_trial_result(None, trials[k], {"round": rnd, "objective": value})
+        decisions.append((k, rnd, action))
+        if action == "STOP":
+            stopped.add(k)
+    return decisions
+
+
+def test_asha_rungs_survive_a_restore_and_it_stops_what_an_uninterrupted_run_stops(tmp_path):
+    """Tune restores a stage's scheduler from the copy pickled when the stage began (tuner.pkl).
+    Ray's ASHA then starts with empty rungs; ours reads the rungs it saved after every decision."""
+    import pickle
+    import random
+
+    from ray.tune.schedulers import ASHAScheduler
+
+    from sweeps.asha import ResumableASHA
+
+    knobs = dict(time_attr="round", max_t=8, grace_period=2, reduction_factor=2, metric="objective", mode="max")
+    rng = random.Random(3)
+    trials = [SimpleNamespace(trial_id=f"t{k}") for k in range(8)]
+    results = [(k, rnd, rng.random() + 0.05 * rnd) for k in range(8) for rnd in range(1, 9)]
+    cut = 4 * 8 + 3  # the driver stops while the fifth trial is in round 3
+    outcomes = {}
+    for name, make in [("ours", lambda: ResumableASHA(tmp_path / "rungs.json", **knobs)), ("ray", lambda: ASHAScheduler(**knobs))]:
+        straight = make()
+        for trial in trials:
+            straight.on_trial_add(None, trial)
+        expected = _asha_decisions(straight, results, trials, set())
+        (tmp_path / "rungs.json").unlink(missing_ok=True)
+        first = make()
+        saved = pickle.dumps(first)  # tuner.pkl: the scheduler as the stage created it
+        for trial in trials:
+            first.on_trial_add(None, trial)
+        stopped: set[int] = set()
+        before = _asha_decisions(first, results[:cut], trials, stopped)
+        restored = pickle.loads(saved)  # Tuner.restore
+        for trial in trials:
+            restored.on_trial_add(None, trial)
+        after = _asha_decisions(restored, results[cut:], trials, stopped)
+        outcomes[name] = (expected, before + after)
+        if name == "ours":  # a report repeated by a trial resumed from an older state: passed over
+            k, rnd, _ = outcomes[name][1][-1]
+            rungs = restored.rungs()
+            assert restored.on_trial_result(None, trials[k], {"round": rnd, "objective": -1.0}) == "CONTINUE"
+            assert restored.rungs() == rungs
+    assert outcomes["ours"][0] == outcomes["ours"][1]
+    assert outcomes["ray"][0] != outcomes["ray"][1]  # what the saved rungs fix
+    assert sum(action == "STOP" for *_, action in outcomes["ours"][0]) >= 3

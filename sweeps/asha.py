@@ -1,0 +1,69 @@
+"""ASHA whose rungs survive a stopped driver, so that `--resume` stops the trials an uninterrupted
+sweep stops.
+
+Tune pickles a stage's scheduler once, when the experiment is created (tuner.pkl), and
+`Tuner.restore` unpickles that copy: Ray 2.60's ASHA then starts its rungs empty, and a resumed
+select stage compares its trials against nobody (every trial recorded before the interrupt is
+forgotten; the first ones after it always continue). `ResumableASHA` writes its rungs, the
+metric value of each trial at each milestone, to a JSON file after every decision (atomically)
+and reads them back when it is unpickled. It also remembers the last round it acted on per trial
+and lets a round it has already judged pass (a trial resumed from a state older than its last
+report repeats that report; Ray's ASHA would record the repeat in a lower rung). The trials save
+their state only after the driver has acted on a report (sweeps/trainable.py), so no report is
+lost either. With one trial at a time (`--max-concurrent 1`) the
+resumed stage then makes exactly the decisions of an uninterrupted one; with several at once,
+ASHA's decisions depend on the order results arrive in, interrupted or not.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ray.tune.schedulers import ASHAScheduler
+
+
+class ResumableASHA(ASHAScheduler):
+    def __init__(self, rungs_file: str | Path, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rungs_file = str(rungs_file)
+        self.judged: dict[str, int] = {}  # trial id -> the last round acted on
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        rnd = result.get(self._time_attr)
+        if rnd is not None and rnd <= self.judged.get(trial.trial_id, 0):
+            return self.CONTINUE  # a repeated report: decided when it first came
+        action = super().on_trial_result(tune_controller, trial, result)
+        if rnd is not None:
+            self.judged[trial.trial_id] = rnd
+        self.save_rungs()
+        return action
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        super().on_trial_complete(tune_controller, trial, result)
+        self.save_rungs()
+
+    def rungs(self) -> list[list[list]]:
+        """Per bracket, per rung: [milestone, {trial id: metric value (signed for max/min)}]."""
+        return [[[milestone, dict(recorded)] for milestone, recorded in bracket._rungs] for bracket in self._brackets]
+
+    def save_rungs(self) -> None:
+        path = Path(self.rungs_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"rungs": self.rungs(), "num_stopped": self._num_stopped, "judged": self.judged}))
+        os.replace(tmp, path)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        path = Path(self.rungs_file)
+        if not path.exists():
+            return
+        saved = json.loads(path.read_text())
+        for bracket, rungs in zip(self._brackets, saved["rungs"]):
+            for (milestone, recorded), (saved_milestone, values) in zip(bracket._rungs, rungs):
+                if milestone == saved_milestone:
+                    recorded.clear()
+                    recorded.update(values)
+        self._num_stopped = saved["num_stopped"]
+        self.judged = dict(saved.get("judged", {}))
