@@ -4,7 +4,7 @@ For each study kind (a grid; a staged study, Optuna samples with ASHA per data s
 two-stage FedL2P study, killed during pretraining and during the second stage; the server-less
 DisPFL study) the script runs the sweep once without interruption, then again under another name
 while it SIGKILLs the driver's whole process group (the driver and the Ray it started) at seeded
-random moments of the run's progress, and once a Ray worker running a trial instead; after each
+random moments of the run's progress, and at the last moment a Ray worker running a trial instead; after each
 kill it resumes the sweep (`--resume NAME`), until a run ends by itself. It then checks:
   - the round rows equal the uninterrupted run's, to the last bit (benchmarks/compare_sweeps.py's
     comparison: every result column, timing and placement columns aside), none duplicated;
@@ -15,7 +15,8 @@ kill it resumes the sweep (`--resume NAME`), until a run ends by itself. It then
     python benchmarks/crash_matrix.py --kinds grid --kills 2 --seed 1
 
 Progress is counted in (trial, round) rows written; a kill at fraction f of the run comes once that
-share of the uninterrupted run's rows exists, after a further random pause of up to a second.
+share of the uninterrupted run's rows exists (or, when a resumed run starts past it, once it has
+written a few more), after a further random pause of up to 0.2 s.
 Each driver starts its own local Ray with its temp files in a folder of its own, so that what a
 kill leaves running can be found and ended.
 """
@@ -87,7 +88,7 @@ def kinds(work: Path) -> dict[str, Kind]:
     study = work / "two_stage.toml"
     study.write_text(TWO_STAGE)
     grid = ["sweeps/fedselect_grid.py", *TINY, "--pers-rate", "0.1", "0.25", "0.5", "--pers-limit", "0.8",
-            "--anchors", "fedavg", "--rounds", "6"]
+            "--anchors", "fedavg", "--rounds", "20"]
     staged = ["sweeps/fedselect_grid.py", *TINY[:-4], "--partition", "shards", "iid", "--val-fraction", "0.2",
               "--seeds", "0", "1", "--anchors", "fedavg", "--search", "optuna", "--num-samples", "3",
               "--scheduler", "asha", "--max-concurrent", "1", "--rounds", "4", "--verbose", "0"]
@@ -174,16 +175,18 @@ def run_kind(kind: Kind, kills: int, rng: random.Random, work: Path) -> dict:
     total = sum(rounds_of.values())
 
     lows = sorted(rng.uniform(*kind.moments[i % len(kind.moments)]) for i in range(kills))
-    worker_kill = rng.randrange(kills)  # this one kills a trial's Ray worker instead of the driver
+    worker_kill = kills - 1  # the last kill ends a trial's Ray worker instead (the sweep may then finish by itself)
     folder, argv = results / "crash" / "crash", [*kind.command, "--results", str(results / "crash"), "--name", "crash"]
     again = kind.resume(results / "crash", "crash")
     done, starts, killed, events = False, 0, 0, []
     for index, fraction in enumerate(lows):
+        # at the moment's share of the rows, or (already past it) a few more rows into this start
+        target = min(max(fraction * total, rows_written(folder, rounds_of) + rng.randint(1, 3)), total - 1)
         driver = Driver(argv if starts == 0 else again, ray_tmp, log)
         starts += 1
-        while driver.running() and rows_written(folder, rounds_of) < fraction * total:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0, 1))
+        while driver.running() and rows_written(folder, rounds_of) < target:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.2))
         if not driver.running():  # it finished (or failed) before the moment came
             done = driver.proc.returncode == 0
             driver.sweep_up()

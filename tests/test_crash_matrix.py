@@ -16,6 +16,6 @@ def test_a_grid_killed_twice_and_resumed_equals_the_uninterrupted_run(tmp_path):
     row = run_kind(kinds(tmp_path)["grid"], kills=2, rng=random.Random(0), work=tmp_path)
     assert row["finished"] and row["kills"] >= 1 and row["starts"] >= 2, row
     assert row["differences"] == 0, row["detail"]
-    assert row["rows"] == 4 * 6 * 3 and row["columns"] > 40   # 4 trials x 6 rounds x 3 clients, every result column
+    assert row["rows"] == 4 * 20 * 3 and row["columns"] > 40   # 4 trials x 20 rounds x 3 clients, every result column
     assert row["trials"] == row["mlflow_trial_runs"] == 4
     assert row["mlflow_duplicates"] == 0 and row["mlflow_running"] == 0 and row["mlflow_sweep_runs"] == 1
