@@ -15,7 +15,9 @@ the disk. Readers never trust such a file silently:
     (`sweeps.trainable.run_trial`);
   - a trial that Tune counts as finished but whose rows are no longer all on disk (set aside, or
     deleted by hand) runs again, to the round Tune last saw it report (`behind`), in a repair
-    experiment of its stage (`<stage>-repair-<time>`; sweeps/launch.py).
+    experiment of its stage (`<stage>-repair-<time>`; sweeps/launch.py);
+  - Tune's own record of a stage (`tune-<stage>/`) that cannot be restored is set aside and the
+    stage starts again: its finished trials find their final state and only report it again.
 Runs are deterministic per config hash, so the trial's rows come back identical.
 """
 from __future__ import annotations
