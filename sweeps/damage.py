@@ -22,6 +22,7 @@ Runs are deterministic per config hash, so the trial's rows come back identical.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 import zipfile
@@ -50,6 +51,23 @@ def unreadable_state(path: Path) -> str | None:
                 return "an empty archive"
     except (zipfile.BadZipFile, OSError, ValueError) as err:
         return f"not a readable torch file ({str(err)[:120]})"
+    return None
+
+
+def unreadable_tune_record(tune_dir: Path) -> str | None:
+    """Why Tune cannot restore the stage experiment in `tune_dir` from its files (the newest
+    experiment_state JSON, which it reads on `fit`, and tuner.pkl), or None."""
+    import pickle
+
+    states = sorted(tune_dir.glob("experiment_state-*.json"))
+    try:
+        if states:
+            json.loads(states[-1].read_text())
+        pickle.loads((tune_dir / "tuner.pkl").read_bytes())
+    except FileNotFoundError:
+        return None  # nothing to restore from: Tune itself says so (can_restore)
+    except Exception as err:  # noqa: BLE001 - JSON, pickle and the classes unpickled raise many types
+        return f"{type(err).__name__}: {str(err)[:120]}"
     return None
 
 

@@ -241,14 +241,14 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
     folder, args = plan.folder, plan.args
     tune_dir = folder / stage.name
     if tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
-        print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
-        try:
+        problem = damage.unreadable_tune_record(tune_dir)
+        if problem is None:
+            print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
             return restore_quietly(tune_dir, trainable)
-        except Exception as err:  # noqa: BLE001 - a damaged experiment state fails in JSON, pickle or Tune's checks
-            aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
-            print(f"[sweep] damaged: Tune's record of {stage.name} cannot be restored ({type(err).__name__}: "
-                  f"{str(err)[:160]}); set aside under {aside.relative_to(folder)}/; the stage starts again (its "
-                  f"finished trials report from their saved states)", flush=True)
+        aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
+        print(f"[sweep] damaged: Tune's record of {stage.name} cannot be restored ({problem}); set aside under "
+              f"{aside.relative_to(folder)}/; the stage starts again (its finished trials report from their saved "
+              f"states)", flush=True)
     print(f"[sweep] stage {stage.name}" + (f" [{stage.group}]" if stage.group else "") + ": "
           + (f"Optuna, {plan.spec.num_samples} configurations" if stage.searched else f"{len(stage.configs)} trials")
           + (", ASHA" if stage.kind == "select" and plan.spec.scheduler == "asha" else ""), flush=True)

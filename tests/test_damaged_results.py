@@ -175,6 +175,18 @@ def test_resume_sets_damaged_files_aside_and_runs_their_trials_again(ray_cluster
         assert child.info.status == "FINISHED"
         assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")) == [1, 2, 3]
 
+    # Tune's own record damaged: set aside, the stage starts again, its finished trials only report
+    newest = sorted((folder / "tune").glob("experiment_state-*.json"))[-1]
+    truncate(newest, 0.3)
+    assert run(["--resume", "--name", "dmg", "--results", str(tmp_path), "--verbose", "0"]) == 0
+    assert "damaged: Tune's record of tune cannot be restored (JSONDecodeError" in capsys.readouterr().out
+    assert len(list((folder / "damaged").glob("*/tune"))) == 1
+    count, _, problems = differences(before, read_rounds(folder))
+    assert count == len(before) and problems == []
+    assert (pd.read_parquet(folder / "trials.parquet").status == "COMPLETED").all()
+    client, parents, children = mlflow_runs(tmp_path)
+    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
+
 
 def no_space(path):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
