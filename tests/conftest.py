@@ -89,3 +89,30 @@ def ray_cluster(tmp_path_factory):
              configure_logging=True)
     yield SimpleNamespace(address=ray.get_runtime_context().gcs_address, cluster_resources=ray.cluster_resources)
     ray.shutdown()
+
+
+@pytest.fixture
+def outside_tune(monkeypatch):
+    """`run_trial` called directly: Tune's and Ray's per-trial calls answered here; the reports."""
+    import sweeps.trainable as trainable
+
+    reports = []
+    context = type("Context", (), {"get_trial_id": lambda self: "t0", "get_node_id": lambda self: "node"})()
+    monkeypatch.setattr(trainable.tune, "get_context", lambda: context)
+    monkeypatch.setattr(trainable.tune, "report", reports.append)
+    monkeypatch.setattr(trainable.ray, "get_gpu_ids", lambda: [])
+    monkeypatch.setattr(trainable.ray, "get_runtime_context", lambda: context)
+    return reports
+
+
+def run_one(folder, knobs: dict | None = None, **trial):
+    """`sweeps.trainable.run_trial` on `tiny(**knobs)` in the sweep folder `folder` (with `outside_tune`);
+    `trial`: extra keys of the trial's Tune config (stop_after). Returns the config hash."""
+    import sweeps.trainable as trainable
+    from sweeps.resources import TrialResources
+
+    knobs = knobs or {}
+    config = {"trial": {"run": tiny(**knobs).to_dict(), "stage": "grid"} | trial}
+    trainable.run_trial(config, data_refs={}, sweep_dir=str(folder), sweep=folder.name,
+                        resources=TrialResources(cpus=1, gpus=0))
+    return tiny(**knobs).config_hash()

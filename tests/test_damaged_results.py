@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sweeps.trainable as trainable
+from conftest import run_one
 from analysis import tables
 from benchmarks.compare_sweeps import differences
 from conftest import tiny
@@ -19,7 +20,6 @@ from sweep_helpers import mlflow_runs, sweep_args
 from sweeps import damage, parquet_sink
 from sweeps.fedselect_grid import STUDY
 from sweeps.parquet_sink import DamagedFile, read_files, read_rounds, read_trial
-from sweeps.resources import TrialResources
 from sweeps.study import run_study
 from table_helpers import write_sweep
 
@@ -98,25 +98,6 @@ def test_behind_counts_journal_rounds_without_gaps(tmp_path):
     parquet_sink.compact_trial(folder, "d", 1)
     assert damage.rounds_on_disk(folder) == {"a": 3, "b": 1, "d": -1}
     assert damage.behind(folder, [("a", 3, 5), ("b", 3, 3), ("c", 2, 3), ("d", 1, 1)]) == {"b": 3, "c": 2}
-
-
-@pytest.fixture
-def outside_tune(monkeypatch):
-    """`run_trial` called directly: Tune's and Ray's per-trial calls answered here."""
-    reports = []
-    context = type("Context", (), {"get_trial_id": lambda self: "t0", "get_node_id": lambda self: "node"})()
-    monkeypatch.setattr(trainable.tune, "get_context", lambda: context)
-    monkeypatch.setattr(trainable.tune, "report", reports.append)
-    monkeypatch.setattr(trainable.ray, "get_gpu_ids", lambda: [])
-    monkeypatch.setattr(trainable.ray, "get_runtime_context", lambda: context)
-    return reports
-
-
-def run_one(folder, **trial):
-    config = {"trial": {"run": tiny().to_dict(), "stage": "grid"} | trial}
-    trainable.run_trial(config, data_refs={}, sweep_dir=str(folder), sweep=folder.name,
-                        resources=TrialResources(cpus=1, gpus=0))
-    return tiny().config_hash()
 
 
 def test_a_trial_whose_state_cannot_be_restored_starts_over_with_the_same_rows(tmp_path, outside_tune, caplog):

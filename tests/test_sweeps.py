@@ -22,7 +22,7 @@ from sweeps.fedselect_grid import STUDY
 from sweeps.parquet_sink import read_rounds, read_sweep
 from sweeps.study import run_study
 
-from conftest import REPO, tiny
+from conftest import REPO, run_one, tiny
 from sweep_helpers import STAGED, check_staged, direct_final_rows, final_rows, mlflow_runs, sweep_args
 
 slow = pytest.mark.slow
@@ -125,6 +125,19 @@ def run(argv) -> int:
 
 
 @slow
+@pytest.mark.parametrize("val_fraction", [0.0, 0.25])
+def test_tunes_metric_is_validation_accuracy_when_a_validation_split_exists(tmp_path, outside_tune, val_fraction):
+    """What Tune, Optuna and ASHA maximise (`objective`): the mean validation accuracy when the
+    trial has a validation split, test accuracy (reported as acc_mean either way) only without."""
+    run_one(tmp_path / "s", {"val_fraction": val_fraction})
+    for report in outside_tune:
+        summary = report["summary"]
+        assert report["acc_mean"] == summary["acc_mean"]
+        assert report["objective"] == (summary["acc_val_mean"] if val_fraction else summary["acc_mean"])
+    if val_fraction:  # the two differ somewhere, so the test tells them apart
+        assert any(r["objective"] != r["acc_mean"] for r in outside_tune)
+
+
 def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path):
     assert run(sweep_args(tmp_path, "e2e", "--pers-rate", "0.25", "0.5", "--anchors", "fedavg", "local",
                           "--seeds", "0", "--eval-every", "2", rounds=3)) == 0
