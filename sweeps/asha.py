@@ -10,9 +10,10 @@ and reads them back when it is unpickled. It also remembers the last round it ac
 and lets a round it has already judged pass (a trial resumed from a state older than its last
 report repeats that report; Ray's ASHA would record the repeat in a lower rung). The trials save
 their state only after the driver has acted on a report (sweeps/trainable.py), so no report is
-lost either. With one trial at a time (`--max-concurrent 1`) the
-resumed stage then makes exactly the decisions of an uninterrupted one; with several at once,
-ASHA's decisions depend on the order results arrive in, interrupted or not.
+lost either. The resumed stage then makes the decisions an uninterrupted one makes on the same
+sequence of results. That sequence is Tune's to choose: with several trials at once it depends on
+timing, and even with one at a time (`--max-concurrent 1`) Tune does not promise the start order
+(in one test run a fresh stage started its three trials in reverse order), interrupted or not.
 """
 from __future__ import annotations
 
@@ -40,7 +41,13 @@ class ResumableASHA(ASHAScheduler):
         return action
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
-        super().on_trial_complete(tune_controller, trial, result)
+        rnd = (result or {}).get(self._time_attr)
+        if rnd is not None and rnd <= self.judged.get(trial.trial_id, 0):
+            self._trial_info.pop(trial.trial_id, None)  # judged already: only forget the trial, as Ray does
+        else:
+            super().on_trial_complete(tune_controller, trial, result)
+            if rnd is not None:
+                self.judged[trial.trial_id] = rnd
         self.save_rungs()
 
     def rungs(self) -> list[list[list]]:

@@ -35,7 +35,7 @@ from .corrupted_sources import CORRUPTED_SOURCES, DEFAULT_CORRUPTIONS, DEFAULT_S
 from .domain_partition import DOMAIN_PARTITIONS
 from .domain_folders import DOMAINNET_DOMAINS, OFFICE_CALTECH_DOMAINS, OFFICEHOME_DOMAINS
 from .domain_sources import CIFAR10C_CORRUPTIONS, DOMAIN_LOADERS, FEDL2P_CORRUPTIONS
-from .sources import BASE_SOURCES, Dataset, DataError, _INPUT_SHAPES
+from .sources import BASE_SOURCES, Dataset, DataError, INPUT_SHAPES
 from .sources import load_source as load_base
 
 SOURCES = (*BASE_SOURCES, *CORRUPTED_SOURCES, *DOMAIN_LOADERS)
@@ -128,10 +128,10 @@ def source_domains(name: str, corruptions: str = "") -> tuple[str, ...]:
 def input_shape_of(name: str, image_size: int | None = None) -> tuple[int, int, int]:
     """``(C, H, W)`` of a source's images, without loading any data."""
     check_options(name, image_size=image_size)
-    if name in _INPUT_SHAPES:
-        return _INPUT_SHAPES[name]
+    if name in INPUT_SHAPES:
+        return INPUT_SHAPES[name]
     if name in CORRUPTED_SOURCES:
-        return _INPUT_SHAPES[name.removesuffix("_c")]
+        return INPUT_SHAPES[name.removesuffix("_c")]
     size = image_size or _DEFAULT_SIZE.get(name, 32)
     return 3, size, size
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .corruptions import CORRUPTIONS, corrupt
-from .sources import Dataset, DataError, _labels
+from .sources import Dataset, DataError, label_tensor
 
 CLEAN = "clean"
 CORRUPTED_SOURCES = ("mnist_c", "fmnist_c", "digits_c")
@@ -99,5 +99,5 @@ def load_corrupted(source: str, names: tuple[str, ...], severity: int, data_root
         t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
         return t.sub_(mean).div_(std).unsqueeze(1)
 
-    return Dataset(source, to_tensor(x_tr), _labels(y_tr), to_tensor(x_te), _labels(y_te), 10,
-                   domains=names, d_train=_labels(d_tr), d_test=_labels(d_te))
+    return Dataset(source, to_tensor(x_tr), label_tensor(y_tr), to_tensor(x_te), label_tensor(y_te), 10,
+                   domains=names, d_train=label_tensor(d_tr), d_test=label_tensor(d_te))

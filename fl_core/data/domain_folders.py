@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .sources import Dataset, DataError, _labels, _normalise
+from .sources import Dataset, DataError, label_tensor, normalise_images
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SPLIT_SEED = 0  # fixed: a stratified split made here never depends on the run seed
@@ -67,7 +67,7 @@ def to_tensor(images: np.ndarray, mean, std, size: int | None = None,
     (so 60k 84x84 images never exist all at once as float32 at their full size)."""
     parts = []
     for start in range(0, len(images), chunk):
-        t = _normalise(np.transpose(images[start:start + chunk], (0, 3, 1, 2)), mean, std)
+        t = normalise_images(np.transpose(images[start:start + chunk], (0, 3, 1, 2)), mean, std)
         if size is not None and tuple(t.shape[2:]) != (size, size):
             t = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear",
                                                 align_corners=False, antialias=True)
@@ -100,8 +100,8 @@ def domain_dataset(name: str, domains: Sequence[str], parts: dict, num_classes: 
         items = parts[split]
         pixels = np.stack([decode_image(p, size) for p, _, _ in items]) if items else \
             np.zeros((0, size, size, 3), np.uint8)
-        out += [to_tensor(pixels, IMAGENET_MEAN, IMAGENET_STD), _labels([y for _, y, _ in items]),
-                _labels([d for _, _, d in items])]
+        out += [to_tensor(pixels, IMAGENET_MEAN, IMAGENET_STD), label_tensor([y for _, y, _ in items]),
+                label_tensor([d for _, _, d in items])]
     return Dataset(name, out[0], out[1], out[3], out[4], num_classes, domains=tuple(domains),
                    d_train=out[2], d_test=out[5])
 

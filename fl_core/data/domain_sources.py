@@ -40,7 +40,7 @@ import numpy as np
 
 from .domain_folders import (IMAGENET_MEAN, IMAGENET_STD, SPLIT_SEED, TEST_FRACTION, domainnet,
                              office_caltech10, officehome, stratified_split, to_tensor)
-from .sources import _CIFAR_MEAN, _CIFAR_STD, Dataset, DataError, _labels, read_cifar_batch
+from .sources import CIFAR_MEAN, CIFAR_STD, Dataset, DataError, label_tensor, read_cifar_batch
 
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 
@@ -108,9 +108,9 @@ def cifar10c(root, corruptions: Sequence[str] = FEDL2P_CORRUPTIONS, severity: in
     k = len(corruptions)
     parts = []
     for idx in (train, test):
-        x = to_tensor(np.concatenate([im[idx] for im in images]), _CIFAR_MEAN, _CIFAR_STD,
+        x = to_tensor(np.concatenate([im[idx] for im in images]), CIFAR_MEAN, CIFAR_STD,
                       image_size)
-        parts += [x, _labels(np.tile(y[idx], k)), _labels(np.repeat(np.arange(k), len(idx)))]
+        parts += [x, label_tensor(np.tile(y[idx], k)), label_tensor(np.repeat(np.arange(k), len(idx)))]
     return Dataset("cifar10c", parts[0], parts[1], parts[3], parts[4], 10,
                    domains=tuple(corruptions), d_train=parts[2], d_test=parts[5])
 
@@ -127,7 +127,7 @@ def cifar100(root, image_size: int = 32) -> Dataset:
                             f"<root>/cifar-100-python/{{train,test}} (torchvision's)")
         x, y = read_cifar_batch(folder / split, label_key=b"fine_labels", num_classes=100)
         out += [to_tensor(x.transpose(0, 2, 3, 1), CIFAR100_MEAN, CIFAR100_STD, image_size),
-                _labels(y)]
+                label_tensor(y)]
     return Dataset("cifar100", *out, num_classes=100)
 
 
@@ -185,8 +185,8 @@ def mini_imagenet(root, image_size: int = 84,
     x = np.concatenate(images)
     train, test = stratified_split(y, TEST_FRACTION, SPLIT_SEED)
     return Dataset("mini_imagenet", to_tensor(x[train], IMAGENET_MEAN, IMAGENET_STD, image_size),
-                   _labels(y[train]), to_tensor(x[test], IMAGENET_MEAN, IMAGENET_STD, image_size),
-                   _labels(y[test]), num_classes=len(names))
+                   label_tensor(y[train]), to_tensor(x[test], IMAGENET_MEAN, IMAGENET_STD, image_size),
+                   label_tensor(y[test]), num_classes=len(names))
 
 
 DOMAIN_LOADERS = {

@@ -38,7 +38,7 @@ import torch
 # corrupted benchmark) is in `fl_core.data.catalog.SOURCES`, whose `load_source` takes them all.
 BASE_SOURCES = ("digits", "mnist", "fmnist", "cifar10", "synthetic")
 
-_INPUT_SHAPES = {
+INPUT_SHAPES = {
     "digits": (1, 8, 8),
     "mnist": (1, 28, 28),
     "fmnist": (1, 28, 28),
@@ -49,7 +49,7 @@ _INPUT_SHAPES = {
 # Standard channel statistics of the training sets (pixel values scaled to [0, 1]).
 _MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
 _FMNIST_MEAN, _FMNIST_STD = (0.2860,), (0.3530,)
-_CIFAR_MEAN, _CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 DIGITS_SPLIT_SEED = 0  # fixed: the digits train/test split never depends on the run seed
 SYNTHETIC_SEED = 1234  # fixed: the synthetic dataset is the same in every run
@@ -95,7 +95,7 @@ class Dataset:
 def input_shape_of(name: str) -> tuple[int, int, int]:
     """``(C, H, W)`` of a source's images, without loading any data."""
     _check_name(name)
-    return _INPUT_SHAPES[name]
+    return INPUT_SHAPES[name]
 
 
 def default_data_root() -> Path:
@@ -126,7 +126,7 @@ def _check_name(name: str) -> None:
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(BASE_SOURCES)}")
 
 
-def _normalise(x: np.ndarray, mean, std) -> torch.Tensor:
+def normalise_images(x: np.ndarray, mean, std) -> torch.Tensor:
     """uint8/float images ``(N, C, H, W)`` in [0, 255] -> float32, per-channel normalised."""
     x = np.require(x, requirements=["C", "W"])  # torch wants a writable buffer
     t = torch.from_numpy(x).to(torch.float32).div_(255.0)
@@ -135,7 +135,8 @@ def _normalise(x: np.ndarray, mean, std) -> torch.Tensor:
     return t.sub_(mean_t).div_(std_t)
 
 
-def _labels(y: np.ndarray) -> torch.Tensor:
+def label_tensor(y: np.ndarray) -> torch.Tensor:
+    """Class labels as an int64 tensor that owns its memory."""
     return torch.from_numpy(np.asarray(y, dtype=np.int64).copy())
 
 
@@ -144,9 +145,9 @@ def _labels(y: np.ndarray) -> torch.Tensor:
 def _from_float(name: str, x_tr, y_tr, x_te, y_te, num_classes: int) -> Dataset:
     """Build a Dataset from float arrays, normalising with the train mean/std."""
     mean, std = float(x_tr.mean()), float(x_tr.std())
-    shape = (-1, *_INPUT_SHAPES[name])
+    shape = (-1, *INPUT_SHAPES[name])
     to_t = lambda a: torch.from_numpy(((a - mean) / std).astype(np.float32).reshape(shape))
-    return Dataset(name, to_t(x_tr), _labels(y_tr), to_t(x_te), _labels(y_te), num_classes)
+    return Dataset(name, to_t(x_tr), label_tensor(y_tr), to_t(x_te), label_tensor(y_te), num_classes)
 
 
 def _load_digits() -> Dataset:
@@ -320,8 +321,8 @@ def idx_uint8(name: str, root: Path | None, download: bool = False) -> tuple[np.
 def _load_idx(name: str, root: Path, download: bool) -> Dataset:
     x_tr, y_tr, x_te, y_te = idx_uint8(name, root, download)
     mean, std = _IDX_STATS[name]
-    return Dataset(name, _normalise(x_tr[:, None], mean, std), _labels(y_tr),
-                   _normalise(x_te[:, None], mean, std), _labels(y_te), num_classes=10)
+    return Dataset(name, normalise_images(x_tr[:, None], mean, std), label_tensor(y_tr),
+                   normalise_images(x_te[:, None], mean, std), label_tensor(y_te), num_classes=10)
 
 
 # ---------------------------------------------------------------- CIFAR-10 (pickles)
@@ -379,7 +380,7 @@ def _load_cifar10(root: Path, download: bool) -> Dataset:
         parts = [read_cifar_batch(folder / n) for n in batch_names]
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
-        return _normalise(x, _CIFAR_MEAN, _CIFAR_STD), _labels(y)
+        return normalise_images(x, CIFAR_MEAN, CIFAR_STD), label_tensor(y)
 
     return Dataset("cifar10", *read(_CIFAR_TRAIN), *read(_CIFAR_TEST), num_classes=10)
 
