@@ -28,8 +28,8 @@ import pandas as pd
 
 from fl_core.results import across_seeds
 
+from .common import config_keys, config_knobs, final_rows, trial_curves
 from .load import load_rounds, load_trials
-from .plots import config_keys, trial_curves
 from .render import frame_latex
 
 TAIL = 0.2
@@ -48,7 +48,6 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
     number of seeds and `converged` (True / False / NA with one seed)."""
     if not 0 < tail < 1:
         raise ValueError(f"tail={tail!r} must lie strictly between 0 and 1 (the share of the last rounds)")
-    from .search import final_rows  # a selection stage's losers are no final results
 
     trials = final_rows(trials)
     trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
@@ -83,7 +82,6 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
 def _varying_knobs(trials: pd.DataFrame) -> pd.Series:
     """Per trial, the knobs (k=v) that tell its configuration apart from the others of its (setting,
     method); "" where the method has one configuration in the setting."""
-    from .plots import config_knobs
 
     knobs = [k for k in config_knobs(trials.columns) if k not in ("algorithm",)]
     text = pd.Series("", index=trials.index, dtype=object)

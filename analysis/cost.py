@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.common import TableError, best_trials, counted, methods_order, settings_order
 from analysis.load import load_rounds, unfinished
-from analysis.plots import best_trials
 from analysis.render import MISSING, write_grouped_table
 from analysis.stats import compare, final_accuracies
-from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.results import across_seeds, setting_label
 
 COST = ("trainable_params", "fwd_mflops", "bwd_mflops")
@@ -92,7 +91,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     # report it: pool the method's trials, one value per device, then average over devices.
     devices = device_costs(sweeps, chosen["config_hash"]).merge(chosen[["config_hash", "setting", "method"]])
     cost_of = devices.groupby(["setting", "method", "client"])[list(COST)].first().groupby(["setting", "method"]).mean()
-    settings, methods = _settings_order(chosen), _methods_order(chosen)
+    settings, methods = settings_order(chosen), methods_order(chosen)
     many = len(settings) > 1
     index = pd.MultiIndex.from_product([settings, methods]) if many else pd.Index(methods)
     columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in ("Before FT", "After FT")]

@@ -39,11 +39,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.common import TableError, config_knobs, counted, settings_order
 from analysis.load import load_rounds, unfinished
-from analysis.plots import config_knobs
 from analysis.render import MISSING, format_cell, frame_latex, latex_cells, unfinished_note
 from analysis.stats import compare, final_accuracies
-from analysis.tables import TableError, _settings_order, counted
 from fl_core.results import MB, across_seeds
 
 PERSONALIZING = ("ft", "l2p", "fedl2p")  # the methods that fine-tune a pretrained model
@@ -139,7 +138,7 @@ def _shown_levels(chosen: pd.DataFrame, pools) -> list[str]:
 
 
 def _row_order(frame: pd.DataFrame, levels: list[str]) -> list[tuple]:
-    settings = {s: i for i, s in enumerate(_settings_order(frame))}
+    settings = {s: i for i, s in enumerate(settings_order(frame))}
     rank = {"setting": settings.get, "pool": lambda p: POOLS.index(p) if p in POOLS else len(POOLS)}
     keys = frame[levels].drop_duplicates().itertuples(index=False, name=None)
     return sorted(keys, key=lambda row: [rank.get(level, lambda v: v)(value) for level, value in zip(levels, row)])

@@ -33,10 +33,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from analysis.common import TableError, settings_order
 from analysis.fedl2p import META, fedl2p_wanted, method_columns, study_trials
+from analysis.figures import save_figure
 from analysis.load import load_clients, load_rounds
-from analysis.plots import _save
-from analysis.tables import TableError, _settings_order
 
 BETA, ETA = "beta:", "eta:"
 NO_DOMAIN = ("mixed",)  # clients.parquet's domain of a client whose data mix domains
@@ -108,7 +108,7 @@ def shown_trials(trials: pd.DataFrame) -> pd.DataFrame:
     chosen, _ = study_trials(trials)
     chosen = chosen[chosen["algorithm"].isin(META)]
     parts = []
-    for setting in _settings_order(chosen) if len(chosen) else []:
+    for setting in settings_order(chosen) if len(chosen) else []:
         mine = chosen[chosen["setting"] == setting]
         mine = mine[mine["method"] == _preferred(mine["method"])]
         key = ["pretraining", "rounds", "ft_epochs"]
@@ -121,7 +121,7 @@ def first_trials(policies: pd.DataFrame, shown: pd.DataFrame) -> list[tuple[pd.S
     """Per data setting (in the tables' order): the shown trial of the first seed that has a
     per-layer policy, and its final policy rows sorted by client."""
     out = []
-    for setting in _settings_order(shown):
+    for setting in settings_order(shown):
         trials = shown[(shown["setting"] == setting) & shown["config_hash"].isin(set(policies["config_hash"]))]
         if len(trials):
             first = trials.sort_values(["seed", "config_hash"]).iloc[0]
@@ -165,7 +165,7 @@ def plot_policy(policies: pd.DataFrame, shown: pd.DataFrame, out: Path) -> list[
                 ax.set_title("β per BN layer", fontsize=8)
         panel.suptitle(f"{_title(trial)}: final policy of its {rows['client'].nunique()} clients (seen and unseen)",
                        fontsize=9)
-    return _save(fig, out, "fedl2p_policy")
+    return save_figure(fig, out, "fedl2p_policy")
 
 
 def client_groups(clients: pd.DataFrame, trial: str, ids) -> list | None:
@@ -250,7 +250,7 @@ def plot_policy_distance(policies: pd.DataFrame, clients: pd.DataFrame, shown: p
         plt.close(fig)
         print("skipping FedL2P policy distance heatmap: no trial has two clients with different policies")
         return []
-    return _save(fig, out, "fedl2p_policy_distance")
+    return save_figure(fig, out, "fedl2p_policy_distance")
 
 
 def build_fedl2p_plots(sweeps, trials: pd.DataFrame, out) -> list[Path]:

@@ -32,12 +32,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from analysis.common import best_trials, cosine_matrix, method_curves
+from analysis.figures import heatmap, method_colors, save_figure
 from analysis.load import DamagedFile, find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
-from fl_core.config import COMMON_KNOBS, DIRICHLET_PARTITIONS, NON_SEMANTIC, knob_owners
-from fl_core.results import across_seeds, summarize_trial
+from fl_core.config import DIRICHLET_PARTITIONS
 
 KNOBS = ("pers_rate", "pers_limit", "dir_alpha", "local_epochs")
-CURVES = ("acc_mean", "personal_fraction_mean", "mb_total")   # summarize_trial keys that are plotted
 
 
 # ---------------------------------------------------------------- computations (pure)
@@ -52,80 +52,7 @@ def iou_matrix(masks: list[np.ndarray]) -> np.ndarray:
         return np.where(union == 0, 1.0, inter / np.maximum(union, 1))
 
 
-def cosine_matrix(hists: list[np.ndarray]) -> np.ndarray:
-    """Pairwise cosine similarity of label histograms (0 against an all-zero histogram)."""
-    h = np.stack([np.asarray(x, dtype=float) for x in hists])
-    norms = np.linalg.norm(h, axis=1)
-    norms[norms == 0] = 1.0
-    unit = h / norms[:, None]
-    return unit @ unit.T
-
-
-def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
-    """One row per (trial, round): `config_hash`, `round` and the plotted `summarize_trial` keys
-    (mean accuracy and personal fraction over clients, cumulative MB up + down)."""
-    out = []
-    for key, rows in rounds.groupby("config_hash", sort=True):
-        history = pd.DataFrame(summarize_trial(rows))
-        out.append(history[["round", *CURVES]].assign(config_hash=key))
-    columns = ["config_hash", "round", *CURVES]
-    return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
-
-
-def config_knobs(columns) -> list[str]:
-    """The columns among `columns` that are knobs of a run (common or a method's) and change its
-    results, but the seed and `pretrained` (a two-stage study pretrains once per seed: the
-    pretraining's hash changes with the seed as the seed does)."""
-    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC
-            and c not in ("seed", "pretrained")]
-
-
-def config_keys(trials: pd.DataFrame) -> pd.Series:
-    """A key per trial shared by the seeds of one configuration: its knob values but the seed."""
-    return trials[config_knobs(trials.columns)].astype(object).map(str).agg("|".join, axis=1)
-
-
-def best_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    """For each (setting, method): the trials (one per seed) of the configuration with the best
-    final accuracy, mean over seeds."""
-    trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
-    trials["config_key"] = config_keys(trials)
-    final = trials.groupby(["setting", "method", "config_key"], as_index=False)["acc_mean"].mean()
-    best = set(final.loc[final.groupby(["setting", "method"])["acc_mean"].idxmax(), "config_key"])
-    return trials[trials["config_key"].isin(best)]
-
-
-def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
-    `best_trials`."""
-    chosen = best_trials(trials)[["config_hash", "setting", "method"]]
-    curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
-    rows = []
-    for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
-        row = {"setting": setting, "method": method, "round": rnd}
-        for key in CURVES:
-            mean, std, _ = across_seeds(group[key].to_numpy())
-            row |= {f"{key}_mean": mean, f"{key}_std": std}
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 # ---------------------------------------------------------------- figures
-
-def _save(fig, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    for path in paths:
-        fig.savefig(path, dpi=150 if path.suffix == ".png" else None, bbox_inches="tight")
-    plt.close(fig)
-    return paths
-
-
-def _colors(methods) -> dict[str, str]:
-    """One color per method, the same in every panel."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(set(methods)))}
-
 
 def _band(ax, x, mean, std, label, color):
     ax.plot(x, mean, marker="o", markersize=3, label=label, color=color)
@@ -134,7 +61,7 @@ def _band(ax, x, mean, std, label, color):
 
 def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
     settings = sorted(stats["setting"].unique())
-    colors = _colors(stats["method"])
+    colors = method_colors(stats["method"])
     fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
     for ax, setting in zip(axes[0], settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
@@ -147,12 +74,12 @@ def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
     axes[0][0].set_ylabel("accuracy (mean over clients)")
     fig.suptitle("Accuracy vs round (mean ± std over seeds)")
     fig.tight_layout()
-    return _save(fig, out, "accuracy_vs_round")
+    return save_figure(fig, out, "accuracy_vs_round")
 
 
 def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
     settings = sorted(stats["setting"].unique())
-    colors = _colors(stats["method"])
+    colors = method_colors(stats["method"])
     fig, axes = plt.subplots(2, len(settings), figsize=(4.5 * len(settings), 6.5), squeeze=False, sharex="col")
     for col, setting in enumerate(settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
@@ -169,7 +96,7 @@ def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
     axes[1][0].set_ylabel("cumulative communication (MB)")
     fig.suptitle("Personal fraction and cumulative communication (all clients, up + down) vs round")
     fig.tight_layout()
-    return _save(fig, out, "personal_fraction_communication")
+    return save_figure(fig, out, "personal_fraction_communication")
 
 
 def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
@@ -202,10 +129,10 @@ def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFra
     axes = axes.ravel()
     for ax, tensor in zip(axes, tensors):
         by_client = rows[rows["tensor"] == tensor].set_index("client")["mask"]
-        _heatmap(ax, iou_matrix([by_client[c] for c in ids]), ids, f"mask IoU: {tensor}")
+        heatmap(ax, iou_matrix([by_client[c] for c in ids]), ids, f"mask IoU: {tensor}")
     if not hists.empty:
         similarity = cosine_matrix([hists.loc[c, "train_label_hist"] for c in ids])
-        _heatmap(axes[len(tensors)], similarity, ids, "label similarity\n(cosine of train label histograms)")
+        heatmap(axes[len(tensors)], similarity, ids, "label similarity\n(cosine of train label histograms)")
     for ax in axes[panels:]:
         ax.axis("off")
     info = trials[trials["config_hash"] == trial]
@@ -213,21 +140,7 @@ def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFra
         if not info.empty else trial
     fig.suptitle(f"Final-round client × client mask IoU per layer — {label} (trial {trial})")
     fig.tight_layout()
-    return _save(fig, out, "mask_iou")
-
-
-def _heatmap(ax, matrix: np.ndarray, ids, title: str):
-    image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
-    ax.set_xticks(range(len(ids)), ids)
-    ax.set_yticks(range(len(ids)), ids)
-    ax.set(title=title, xlabel="client", ylabel="client")
-    ax.title.set_fontsize(8)
-    if len(ids) <= 10:
-        for i in range(len(ids)):
-            for j in range(len(ids)):
-                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
-                        color="white" if matrix[i, j] < 0.6 else "black")
-    plt.colorbar(image, ax=ax, fraction=0.046)
+    return save_figure(fig, out, "mask_iou")
 
 
 def plot_knobs(fedselect: pd.DataFrame, knobs: list[str], out: Path) -> list[Path]:
@@ -245,7 +158,7 @@ def plot_knobs(fedselect: pd.DataFrame, knobs: list[str], out: Path) -> list[Pat
     axes[0][0].set_ylabel("final accuracy (mean over clients)")
     fig.suptitle("FedSelect: final accuracy vs swept knobs (mean ± std over seeds and other knobs)")
     fig.tight_layout()
-    return _save(fig, out, "final_acc_vs_knobs")
+    return save_figure(fig, out, "final_acc_vs_knobs")
 
 
 def _dirichlet(trials: pd.DataFrame) -> pd.DataFrame:
@@ -261,7 +174,8 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     """Write every figure the results support under `out` (default: `<first path>/figures`)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     out = Path(out) if out is not None else Path(paths[0]) / "figures"
-    from analysis.search import final_rows, plot_search, selection_rows
+    from analysis.common import final_rows, selection_rows
+    from analysis.search import plot_search
 
     sweeps = find_sweeps(paths)
     searched = load_trials(sweeps)

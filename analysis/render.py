@@ -226,7 +226,7 @@ def unfinished_note(reached: list[tuple[float, float]], dropped: bool = False) -
     the cells instead of marked."""
     if not reached:
         return ""
-    where = _rounds_reached(reached)
+    where = rounds_reached(reached)
     if dropped:
         runs = f"{len(reached)} run{'s' if len(reached) != 1 else ''}"
         return f"Left out: {runs} that did not finish (reached {where})."
@@ -234,7 +234,7 @@ def unfinished_note(reached: list[tuple[float, float]], dropped: bool = False) -
             f"the last round it reached: {where}.")
 
 
-def _rounds_reached(reached: list[tuple[float, float]]) -> str:
+def rounds_reached(reached: list[tuple[float, float]]) -> str:
     """E.g. "round 3 of 5; rounds 4, 7 of 20" (grouped by the configured rounds), and "round
     unknown for k runs" for runs whose results do not say."""
     by_total: dict[int, set[int]] = {}

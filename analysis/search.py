@@ -24,63 +24,19 @@ from matplotlib.ticker import MaxNLocator
 from fl_core.config import DATA_KNOBS
 from fl_core.results import KNOB_SYMBOLS, across_seeds
 
+from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys, config_knobs, selection_objective,
+                     selection_rows, settings_order, stage_column)
+from .figures import method_colors, save_figure
 from .load import load_trials, unfinished
-from .plots import _colors, _save, config_keys, config_knobs
-from .render import DAGGER, Table, _rounds_reached, frame_latex
-from .tables import _settings_order
+from .render import DAGGER, Table, frame_latex, rounds_reached
 
-SELECT, CONFIRM, ANCHOR = "select", "confirm", "anchor"
-SELECTED = "selected"  # the chosen configuration's label among the compared columns
 OBJECTIVES = {"acc_val_mean": "validation accuracy", "acc_mean": "test accuracy"}
 NAMES = KNOB_SYMBOLS | {"local_epochs": "epochs"}
 
 
-def _stage(trials: pd.DataFrame) -> pd.Series:
-    return trials["stage"] if "stage" in trials else pd.Series(None, index=trials.index, dtype=object)
-
-
-def selection_rows(trials: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the selection stage (none when the trials carry no `stage`)."""
-    return trials[_stage(trials) == SELECT]
-
-
-def _objective(rows: pd.DataFrame) -> str:
-    if "objective" in rows and rows["objective"].notna().any():
-        return str(rows["objective"].mode().iloc[0])
-    return "acc_val_mean" if "acc_val_mean" in rows and rows["acc_val_mean"].notna().any() else "acc_mean"
-
-
-def _chosen(rows: pd.DataFrame):
-    """The index of the row the sweep chose (its `selected` flag), else of the finished row with
-    the highest objective, ties to the smaller config hash as sweeps.stages.best_completed; None
-    when no row finished."""
-    if "selected" in rows and rows["selected"].fillna(False).astype(bool).any():
-        return rows.index[rows["selected"].fillna(False).astype(bool)][0]
-    objective = _objective(rows)
-    done = rows[~unfinished(rows) & rows[objective].notna()]
-    if not len(done):
-        return None
-    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done else ["_neg"],
-                                                          kind="stable")
-    return order.index[0]
-
-
-def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
-    """The rows fit for tables of final results: all but the selection stage's, except the select
-    run (first seed) of each confirmed configuration."""
-    stage = _stage(trials)
-    if not (stage == SELECT).any():
-        return trials
-    keys = config_keys(trials)
-    select = trials[(stage == SELECT) & keys.isin(set(keys[stage == CONFIRM]))]
-    select = select.sort_values("started_at", kind="stable")
-    chosen = [_chosen(rows) for _, rows in select.groupby(keys[select.index], sort=False)]
-    return trials[(stage != SELECT) | trials.index.isin(chosen)]
-
-
 def cell_columns(trials: pd.DataFrame) -> list[str]:
     """["setting"], and "local_epochs" where it varies within a setting outside the selection stage."""
-    rest = trials[_stage(trials) != SELECT]
+    rest = trials[stage_column(trials) != SELECT]
     axis = "local_epochs" in rest and bool((rest.groupby("setting")["local_epochs"].nunique() > 1).any())
     return ["setting", "local_epochs"] if axis else ["setting"]
 
@@ -98,7 +54,7 @@ def searched_knobs(select_rows: pd.DataFrame, cells=("setting",)) -> list[str]:
 
 def _cells(select: pd.DataFrame, cells: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
     """(cell key, its select rows in start order), in the tables' order of data settings."""
-    order = _settings_order(select)
+    order = settings_order(select)
     groups = [(key if isinstance(key, tuple) else (key,), part) for key, part in
               select.sort_values("started_at", kind="stable").groupby(cells)]
     return sorted(groups, key=lambda group: (order.index(group[0][0]), group[0][1:]))
@@ -123,13 +79,13 @@ def best_per_cell(trials: pd.DataFrame) -> pd.DataFrame:
     select = selection_rows(trials)
     if select.empty:
         return pd.DataFrame()
-    cells, stage, late, keys = cell_columns(trials), _stage(trials), unfinished(trials), config_keys(trials)
+    cells, stage, late, keys = cell_columns(trials), stage_column(trials), unfinished(trials), config_keys(trials)
     knobs, rows = searched_knobs(select, cells), []
     for key, part in _cells(select, cells):
-        row = dict(zip(cells, key)) | {"objective": _objective(part), "trials": len(part), "note": "",
+        row = dict(zip(cells, key)) | {"objective": selection_objective(part), "trials": len(part), "note": "",
                                        "completed": int((part["status"] == "COMPLETED").sum()),
                                        "stopped": int((part["status"] == "STOPPED").sum())}
-        best = _chosen(part)
+        best = chosen_row(part)
         if best is None:
             rows.append(row | {"note": "no completed selection trial"})
             continue
@@ -158,7 +114,7 @@ def _compare(groups: dict[str, pd.DataFrame], late: pd.Series, elsewhere: bool) 
         behind = list(zip(group["rounds_done"][late[group.index]], group["rounds"][late[group.index]]))
         why = [f"seeds {_seeds(group['seed'])} of {_seeds(union)}" if set(group["seed"]) != union else "",
                f"{_seeds(group['rounds'].unique())} rounds, not {rounds}" if set(group["rounds"]) != {rounds} else "",
-               f"unfinished: {_rounds_reached(behind)}" if behind else ""]
+               f"unfinished: {rounds_reached(behind)}" if behind else ""]
         why = [w for w in why if w]
         out |= {f"{who}_mean": mean, f"{who}_std": std, f"{who}_n": n, f"{who}_marked": bool(why)}
         notes += [f"{who}: {', '.join(why)}"] if why else []
@@ -276,11 +232,11 @@ def plot_search(trials: pd.DataFrame, out_dir) -> list[Path]:
     select, cells = selection_rows(trials), cell_columns(trials)
     if select.empty:
         return []
-    knobs, groups, colors = searched_knobs(select, cells), _cells(select, cells), _colors(select["method"])
+    knobs, groups, colors = searched_knobs(select, cells), _cells(select, cells), method_colors(select["method"])
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.4 * len(groups)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]})
     for (key, part), (history, importance) in zip(groups, axes):
-        objective, x = _objective(part), np.arange(1, len(part) + 1)
+        objective, x = selection_objective(part), np.arange(1, len(part) + 1)
         value = part[objective].to_numpy(dtype=float)
         done = ~unfinished(part).to_numpy() & np.isfinite(value)
         late = ~done & np.isfinite(value)
@@ -296,7 +252,7 @@ def plot_search(trials: pd.DataFrame, out_dir) -> list[Path]:
         history.step(x, pd.Series(np.where(done, value, np.nan)).cummax().ffill(), where="post", color="black",
                      lw=1, label="best completed so far")
         if done.any():
-            best = part.index.get_loc(_chosen(part))
+            best = part.index.get_loc(chosen_row(part))
             history.scatter(x[best], value[best], marker="*", s=140, color="gold", edgecolors="black", zorder=4,
                             label="chosen")
         history.set(title=f"{_label(key)}: search history", xlabel="trial (start order)",
@@ -315,7 +271,7 @@ def plot_search(trials: pd.DataFrame, out_dir) -> list[Path]:
             importance.set_axis_off()
     fig.suptitle("Selection stage per data setting: search history and parameter importance")
     fig.tight_layout()
-    return _save(fig, Path(out_dir), "search_history")
+    return save_figure(fig, Path(out_dir), "search_history")
 
 
 def write_search_table(trials: pd.DataFrame, out) -> Path:

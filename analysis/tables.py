@@ -55,8 +55,8 @@ import pandas as pd
 from fl_core.algorithms import ALGORITHMS, get_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
-from .load import DamagedFile, is_gradselect, labelled, load_trials
-from .load import unfinished as unfinished_trials
+from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order
+from .load import DamagedFile, is_gradselect, load_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
 
@@ -66,43 +66,10 @@ TABLES = ("methods", "limit", "ablation", "grid", "traffic", "cost", "fedl2p", "
 ROUND_TABLES = ("traffic", "cost", "fedl2p", "convergence")
 
 
-class TableError(ValueError):
-    """The results cannot make the table asked for."""
-
-
 # ----------------------------------------------------------------------------- selecting trials
-
-def counted(trials: pd.DataFrame, mode: str = "mark") -> pd.DataFrame:
-    """The trials with an accuracy, finished or not (the cells mark or drop the unfinished ones:
-    `summarize`), with their `method` and `setting` labels. With `mode` "drop" some trial must
-    have finished."""
-    from .search import final_rows
-
-    _check_mode(mode)
-    trials = final_rows(trials)  # a selection stage's trials are single-seed, partly stopped: search_best.tex
-    if trials.empty or "status" not in trials:
-        raise TableError("no trials in the results")
-    keep = trials[trials["acc_mean"].notna()].copy()
-    if "config_hash" in keep:  # the same run found in two sweeps counts once, finished if it finished once
-        finished = ~unfinished_trials(keep)
-        keep = keep[finished | ~finished.groupby(keep["config_hash"]).transform("any")]
-        keep = keep.drop_duplicates("config_hash", keep="last")
-    if keep.empty:
-        raise TableError("no trials with results")
-    if mode == "drop" and unfinished_trials(keep).all():
-        raise TableError("no finished trials in the results (--unfinished mark shows the unfinished ones)")
-    return labelled(keep).reset_index(drop=True)
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in UNFINISHED:
-        raise TableError(f"unknown --unfinished {mode!r}; choose from {', '.join(UNFINISHED)}")
-
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
     """Trials that already went through `counted` stay as they are."""
-    from .search import final_rows
-
     ready = {"method", "setting"} <= set(trials.columns) and not trials[["method", "setting"]].isna().any().any()
     return final_rows(trials) if ready else counted(trials)
 
@@ -128,30 +95,12 @@ def _knob_text(knobs: list[str], values: tuple) -> str:
 
 # ----------------------------------------------------------------------------- the numbers
 
-def _settings_order(trials: pd.DataFrame) -> list[str]:
-    """Per dataset: shards (fewest first), then Dirichlet (most skewed first; the papers' scheme,
-    then the per-class one), then the rest."""
-    keys = trials[["setting", "dataset", "partition", "shards_per_client", "dir_alpha"]].copy()
-    keys["rank"] = keys["partition"].map({"shards": 0, "dirichlet": 1, "dirichlet_class": 2}).fillna(3)
-    keys = keys.sort_values(["dataset", "rank", "partition", "shards_per_client", "dir_alpha"])
-    return list(dict.fromkeys(keys["setting"]))
-
-
-def _methods_order(trials: pd.DataFrame) -> list[str]:
-    """Method labels in the registry's order of their algorithms (fl_core.algorithms.ALGORITHMS),
-    then alphabetically (FedSelect before its ablations)."""
-    rank = {name: i for i, name in enumerate(ALGORITHMS)}
-    pairs = trials[["method", "algorithm"]].drop_duplicates()
-    order = sorted(zip(pairs["method"], pairs["algorithm"]), key=lambda p: (rank.get(p[1], len(rank)), p[0]))
-    return list(dict.fromkeys(method for method, _ in order))
-
-
 def _evaluated_note(trials: pd.DataFrame) -> str:
     """Which model each method's accuracy measures (one training can be reported at two points:
     FedSelect at p = 0 after local training, FedAvg after the broadcast)."""
     algorithm_of = dict(zip(trials["method"], trials["algorithm"]))
     by_point: dict[str, list[str]] = {}
-    for method in _methods_order(trials):
+    for method in methods_order(trials):
         if algorithm_of[method] in ALGORITHMS:
             by_point.setdefault(get_algorithm(algorithm_of[method]).evaluated_model(), []).append(method)
     if not by_point:
@@ -173,7 +122,7 @@ def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     (say, two learning rates of one method), those of the configuration `plots.best_trials`
     picks (the best final accuracy, mean over its seeds), each such choice named in a note; other
     cells as they are."""
-    from .plots import best_trials, config_knobs, config_keys
+    from .common import best_trials, config_keys, config_knobs
 
     keys = config_keys(trials)
     mixed = [(label, cell) for label, cell in trials.groupby(["method", "setting"], sort=False)
@@ -215,8 +164,8 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     notes += chosen
     notes.append(_evaluated_note(trials))
     notes.append(_threads_note(trials))
-    table = summarize(trials, "method", "setting", "methods", _methods_order(trials),
-                      _settings_order(trials), mode, caption="Methods by data setting.",
+    table = summarize(trials, "method", "setting", "methods", methods_order(trials),
+                      settings_order(trials), mode, caption="Methods by data setting.",
                       references=METHODS_REFERENCES)
     table.row_title = "Method"
     table.notes = [n for n in notes if n]
@@ -235,7 +184,7 @@ def limit_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     chosen = _at(fedselect, knobs, values)
     chosen = chosen.assign(α=chosen["pers_limit"].map(lambda a: f"{a:g}"))
     table = summarize(chosen, "α", "setting", "limit", [f"{a:g}" for a in sorted(chosen["pers_limit"].unique())],
-                      _settings_order(chosen), mode, caption=f"FedSelect by personalization limit α "
+                      settings_order(chosen), mode, caption=f"FedSelect by personalization limit α "
                                                        f"({_knob_text(knobs, values)}).")
     table.row_title = "α"
     return table
@@ -250,8 +199,8 @@ def ablation_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     knobs = ["pers_rate", "pers_limit", "local_epochs"]
     values = _most_common(fedselect, knobs)
     chosen = _at(fedselect, knobs, values)
-    table = summarize(chosen, "method", "setting", "ablation", _methods_order(chosen),
-                      _settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).",
+    table = summarize(chosen, "method", "setting", "ablation", methods_order(chosen),
+                      settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).",
                       references=ABLATION_REFERENCE)
     table.row_title = "Variant"
     return table
@@ -266,7 +215,7 @@ def grid_tables(trials: pd.DataFrame, mode: str = "mark") -> dict[str, Table]:
     fedselect["p"] = fedselect["pers_rate"].map(lambda v: f"{v:g}")
     fedselect["α"] = fedselect["pers_limit"].map(lambda v: f"α = {v:g}")
     tables = {}
-    for setting in _settings_order(fedselect):
+    for setting in settings_order(fedselect):
         for epochs in sorted(fedselect["local_epochs"].unique()):
             part = fedselect[(fedselect["setting"] == setting) & (fedselect["local_epochs"] == epochs)]
             if part.empty:
@@ -337,7 +286,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     `<out>/summary.parquet` (analysis.stats); returns name -> .tex file. With `echo`, prints each
     preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
     from .fedl2p import fedl2p_wanted, personalizing, write_fedl2p_tables
-    from .search import final_rows, selection_rows, write_search_table
+    from .search import write_search_table
 
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     trials = load_trials(paths)

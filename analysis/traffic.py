@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_clients, load_masks, load_rounds, unfinished
-from analysis.plots import _colors, _heatmap, _save, best_trials, cosine_matrix, method_curves
+from analysis.common import TableError, best_trials, cosine_matrix, counted, final_rows, method_curves, methods_order, settings_order
+from analysis.figures import heatmap, method_colors, save_figure
 from analysis.render import MISSING, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
-from analysis.tables import TableError, _methods_order, _settings_order, counted
 from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
 
@@ -109,7 +109,7 @@ def traffic_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
 
 def plot_accuracy_vs_busiest(curves: pd.DataFrame, out: Path) -> list[Path]:
     settings = sorted(curves["setting"].unique())
-    colors = _colors(curves["method"])
+    colors = method_colors(curves["method"])
     fig, axes = plt.subplots(1, len(settings), figsize=(4.8 * len(settings), 3.7), squeeze=False, sharey=True)
     for ax, setting in zip(axes[0], settings):
         panel = curves[(curves["setting"] == setting) & curves["acc"].notna()]
@@ -130,7 +130,7 @@ def plot_accuracy_vs_busiest(curves: pd.DataFrame, out: Path) -> list[Path]:
     fig.suptitle(f"Accuracy vs cumulative traffic (up + down) of the busiest node, mean over seeds\n"
                  f"busiest node: {BUSIEST}", fontsize=8)
     fig.tight_layout()
-    return _save(fig, out, "accuracy_vs_busiest_traffic")
+    return save_figure(fig, out, "accuracy_vs_busiest_traffic")
 
 
 def _pick_dispfl_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
@@ -150,17 +150,17 @@ def plot_mask_hamming(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.Dat
     similar = not hists.empty and set(ids) <= set(hists.index)
     fig, axes = plt.subplots(1, 2 if similar else 1, figsize=(7.4 if similar else 3.8, 3.4), squeeze=False)
     if similar:
-        _heatmap(axes[0][0], cosine_matrix([hists.loc[c, "train_label_hist"] for c in ids]), ids,
+        heatmap(axes[0][0], cosine_matrix([hists.loc[c, "train_label_hist"] for c in ids]), ids,
                  "label similarity\n(cosine of train label histograms)")
     else:
         print("mask Hamming heatmap: no label histograms for this trial; the masks alone")
-    _heatmap(axes[0][-1], distance, ids, "normalised Hamming distance of final masks\n(all tensors)")
+    heatmap(axes[0][-1], distance, ids, "normalised Hamming distance of final masks\n(all tensors)")
     info = trials[trials["config_hash"] == trial] if "config_hash" in trials else trials.iloc[:0]
     label = f"{info.iloc[0]['method']}, {info.iloc[0]['setting']}, seed {info.iloc[0]['seed']}" \
         if not info.empty else trial
     fig.suptitle(f"Client × client: data vs DisPFL masks — {label} (trial {trial})", fontsize=9)
     fig.tight_layout()
-    return _save(fig, out, "mask_hamming")
+    return save_figure(fig, out, "mask_hamming")
 
 
 def build_traffic_outputs(sweeps, trials: pd.DataFrame, out_dir, masks: pd.DataFrame | None = None) -> list[Path]:
@@ -188,7 +188,6 @@ def build_traffic_outputs(sweeps, trials: pd.DataFrame, out_dir, masks: pd.DataF
 
 def traffic_wanted(trials: pd.DataFrame) -> bool:
     """Whether the results hold a finished trial of a server-less method that communicates."""
-    from analysis.search import final_rows
 
     if trials.empty or not {"algorithm", "acc_mean"} <= set(trials.columns):
         return False
@@ -215,7 +214,7 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     load = busiest_node_mb(load_rounds(sweeps, trials=finished["config_hash"]))
     final = load.loc[load.groupby("config_hash")["round"].idxmax()].set_index("config_hash")["busiest_node_mb"]
     finished = finished.assign(busiest_node_mb=finished["config_hash"].map(final))
-    methods, settings = _methods_order(finished), _settings_order(finished)
+    methods, settings = methods_order(finished), settings_order(finished)
     acc = summarize(finished, "method", "setting", "traffic", methods, settings, mode="drop", references=REFERENCE)
     acc.finals = load_final_accuracies(sweeps, finished["config_hash"])
     acc_cells, bold, verdict = acc.cells(pm="±", dagger=""), acc.best_mask(), acc.verdict()

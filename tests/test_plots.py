@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis.load import load_rounds, load_trials
-from analysis.plots import build_plots, iou_matrix, main, method_curves, trial_curves
+from analysis.common import method_curves, trial_curves
+from analysis.plots import build_plots, iou_matrix, main
 
 from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import search
+from analysis import common, search
 from analysis.plots import build_plots
 from analysis.tables import build_tables
 
@@ -72,10 +72,10 @@ def confirmed(trials, setting):
 
 def test_selection_rows_and_searched_knobs():
     trials = study()
-    select = search.selection_rows(trials)
+    select = common.selection_rows(trials)
     assert len(select) == sum(map(len, SELECT.values())) and (select["stage"] == "select").all()
     assert set(search.searched_knobs(select)) == {"pers_rate", "pers_limit"}
-    assert search.selection_rows(trials.drop(columns="stage")).empty
+    assert common.selection_rows(trials.drop(columns="stage")).empty
 
 
 def test_the_best_is_the_best_completed_trial_never_a_stopped_one():
@@ -139,7 +139,7 @@ def test_without_confirmation_runs_only_the_selection_is_shown():
 
 
 def test_importance_with_two_searched_knobs_and_why_not_otherwise():
-    select = search.selection_rows(study())
+    select = common.selection_rows(study())
     dirichlet = select[select["setting"] == DIR]
     shares, why = search.param_importances(dirichlet, ["pers_rate", "pers_limit"], "acc_val_mean")
     assert why == "" and set(shares) == {"pers_rate", "pers_limit"}
@@ -192,7 +192,7 @@ def test_local_epochs_crossed_with_the_search_are_a_cell_axis_not_a_knob():
     trials = pd.concat([one, two], ignore_index=True)
     best = search.best_per_cell(trials)
     assert search.cell_columns(trials) == ["setting", "local_epochs"] and len(best) == 4
-    assert set(search.searched_knobs(search.selection_rows(trials), ["setting", "local_epochs"])) == \
+    assert set(search.searched_knobs(common.selection_rows(trials), ["setting", "local_epochs"])) == \
         {"pers_rate", "pers_limit"}
     assert (best["selected_n"] == 3).all() and not best["FedAvg_marked"].any()
     rows = body_rows(search.search_table_latex(best, "acc_val_mean"))
@@ -201,13 +201,13 @@ def test_local_epochs_crossed_with_the_search_are_a_cell_axis_not_a_knob():
 
 def test_final_rows_keep_only_the_chosen_select_run():
     trials = study()
-    final = search.final_rows(trials)
+    final = common.final_rows(trials)
     kept = final[final["stage"] == "select"]
     # one select run per setting: the chosen configuration's seed 0 (not the failed repeat of p = 0.5, α = 0.7)
     assert sorted(zip(kept["setting"], kept["pers_rate"], kept["pers_limit"], kept["status"])) == \
         [(SHARDS, *BEST[SHARDS], "COMPLETED"), (DIR, *BEST[DIR], "COMPLETED")]
-    assert len(final) == len(trials) - len(search.selection_rows(trials)) + 2
-    assert len(search.final_rows(trials.drop(columns="stage"))) == len(trials)  # no stages: every row
+    assert len(final) == len(trials) - len(common.selection_rows(trials)) + 2
+    assert len(common.final_rows(trials.drop(columns="stage"))) == len(trials)  # no stages: every row
 
 
 def test_a_cell_whose_select_trials_all_stopped_has_no_choice(tmp_path):

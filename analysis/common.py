@@ -1,0 +1,175 @@
+"""What the tables and figures share: which trials count, in what order, and their curves.
+
+Selection (`counted`, `final_rows`, `selection_rows`, `best_trials`): the trials a table or a
+figure reports, a selection stage's losers left out. Order (`settings_order`, `methods_order`):
+rows and panels in the same order everywhere. Configurations (`config_knobs`, `config_keys`):
+the seeds of one configuration share a key. Curves (`trial_curves`, `method_curves`): per round,
+from the Parquet rows. Pure pandas and numpy; the figures' matplotlib helpers are in
+analysis/figures.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fl_core.algorithms import ALGORITHMS
+from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
+from fl_core.results import across_seeds, summarize_trial
+
+from .load import labelled
+from .load import unfinished as unfinished_trials
+from .render import UNFINISHED
+
+CURVES = ("acc_mean", "personal_fraction_mean", "mb_total")   # summarize_trial keys that are plotted
+
+
+class TableError(ValueError):
+    """The results cannot make the table asked for."""
+
+
+def counted(trials: pd.DataFrame, mode: str = "mark") -> pd.DataFrame:
+    """The trials with an accuracy, finished or not (the cells mark or drop the unfinished ones:
+    `summarize`), with their `method` and `setting` labels. With `mode` "drop" some trial must
+    have finished."""
+    check_unfinished_mode(mode)
+    trials = final_rows(trials)  # a selection stage's trials are single-seed, partly stopped: search_best.tex
+    if trials.empty or "status" not in trials:
+        raise TableError("no trials in the results")
+    keep = trials[trials["acc_mean"].notna()].copy()
+    if "config_hash" in keep:  # the same run found in two sweeps counts once, finished if it finished once
+        finished = ~unfinished_trials(keep)
+        keep = keep[finished | ~finished.groupby(keep["config_hash"]).transform("any")]
+        keep = keep.drop_duplicates("config_hash", keep="last")
+    if keep.empty:
+        raise TableError("no trials with results")
+    if mode == "drop" and unfinished_trials(keep).all():
+        raise TableError("no finished trials in the results (--unfinished mark shows the unfinished ones)")
+    return labelled(keep).reset_index(drop=True)
+
+
+def check_unfinished_mode(mode: str) -> None:
+    if mode not in UNFINISHED:
+        raise TableError(f"unknown --unfinished {mode!r}; choose from {', '.join(UNFINISHED)}")
+
+
+def settings_order(trials: pd.DataFrame) -> list[str]:
+    """Per dataset: shards (fewest first), then Dirichlet (most skewed first; the papers' scheme,
+    then the per-class one), then the rest."""
+    keys = trials[["setting", "dataset", "partition", "shards_per_client", "dir_alpha"]].copy()
+    keys["rank"] = keys["partition"].map({"shards": 0, "dirichlet": 1, "dirichlet_class": 2}).fillna(3)
+    keys = keys.sort_values(["dataset", "rank", "partition", "shards_per_client", "dir_alpha"])
+    return list(dict.fromkeys(keys["setting"]))
+
+
+def methods_order(trials: pd.DataFrame) -> list[str]:
+    """Method labels in the registry's order of their algorithms (fl_core.algorithms.ALGORITHMS),
+    then alphabetically (FedSelect before its ablations)."""
+    rank = {name: i for i, name in enumerate(ALGORITHMS)}
+    pairs = trials[["method", "algorithm"]].drop_duplicates()
+    order = sorted(zip(pairs["method"], pairs["algorithm"]), key=lambda p: (rank.get(p[1], len(rank)), p[0]))
+    return list(dict.fromkeys(method for method, _ in order))
+
+
+SELECT, CONFIRM, ANCHOR = "select", "confirm", "anchor"
+SELECTED = "selected"  # the chosen configuration's label among the compared columns
+
+
+def stage_column(trials: pd.DataFrame) -> pd.Series:
+    return trials["stage"] if "stage" in trials else pd.Series(None, index=trials.index, dtype=object)
+
+
+def selection_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the selection stage (none when the trials carry no `stage`)."""
+    return trials[stage_column(trials) == SELECT]
+
+
+def selection_objective(rows: pd.DataFrame) -> str:
+    if "objective" in rows and rows["objective"].notna().any():
+        return str(rows["objective"].mode().iloc[0])
+    return "acc_val_mean" if "acc_val_mean" in rows and rows["acc_val_mean"].notna().any() else "acc_mean"
+
+
+def chosen_row(rows: pd.DataFrame):
+    """The index of the row the sweep chose (its `selected` flag), else of the finished row with
+    the highest objective, ties to the smaller config hash as sweeps.stages.best_completed; None
+    when no row finished."""
+    if "selected" in rows and rows["selected"].fillna(False).astype(bool).any():
+        return rows.index[rows["selected"].fillna(False).astype(bool)][0]
+    objective = selection_objective(rows)
+    done = rows[~unfinished_trials(rows) & rows[objective].notna()]
+    if not len(done):
+        return None
+    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done else ["_neg"],
+                                                          kind="stable")
+    return order.index[0]
+
+
+def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows fit for tables of final results: all but the selection stage's, except the select
+    run (first seed) of each confirmed configuration."""
+    stage = stage_column(trials)
+    if not (stage == SELECT).any():
+        return trials
+    keys = config_keys(trials)
+    select = trials[(stage == SELECT) & keys.isin(set(keys[stage == CONFIRM]))]
+    select = select.sort_values("started_at", kind="stable")
+    chosen = [chosen_row(rows) for _, rows in select.groupby(keys[select.index], sort=False)]
+    return trials[(stage != SELECT) | trials.index.isin(chosen)]
+
+
+def cosine_matrix(hists: list[np.ndarray]) -> np.ndarray:
+    """Pairwise cosine similarity of label histograms (0 against an all-zero histogram)."""
+    h = np.stack([np.asarray(x, dtype=float) for x in hists])
+    norms = np.linalg.norm(h, axis=1)
+    norms[norms == 0] = 1.0
+    unit = h / norms[:, None]
+    return unit @ unit.T
+
+
+def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per (trial, round): `config_hash`, `round` and the plotted `summarize_trial` keys
+    (mean accuracy and personal fraction over clients, cumulative MB up + down)."""
+    out = []
+    for key, rows in rounds.groupby("config_hash", sort=True):
+        history = pd.DataFrame(summarize_trial(rows))
+        out.append(history[["round", *CURVES]].assign(config_hash=key))
+    columns = ["config_hash", "round", *CURVES]
+    return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
+
+
+def config_knobs(columns) -> list[str]:
+    """The columns among `columns` that are knobs of a run (common or a method's) and change its
+    results, but the seed and `pretrained` (a two-stage study pretrains once per seed: the
+    pretraining's hash changes with the seed as the seed does)."""
+    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC
+            and c not in ("seed", "pretrained")]
+
+
+def config_keys(trials: pd.DataFrame) -> pd.Series:
+    """A key per trial shared by the seeds of one configuration: its knob values but the seed."""
+    return trials[config_knobs(trials.columns)].astype(object).map(str).agg("|".join, axis=1)
+
+
+def best_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """For each (setting, method): the trials (one per seed) of the configuration with the best
+    final accuracy, mean over seeds."""
+    trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
+    trials["config_key"] = config_keys(trials)
+    final = trials.groupby(["setting", "method", "config_key"], as_index=False)["acc_mean"].mean()
+    best = set(final.loc[final.groupby(["setting", "method"])["acc_mean"].idxmax(), "config_key"])
+    return trials[trials["config_key"].isin(best)]
+
+
+def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
+    `best_trials`."""
+    chosen = best_trials(trials)[["config_hash", "setting", "method"]]
+    curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
+    rows = []
+    for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
+        row = {"setting": setting, "method": method, "round": rnd}
+        for key in CURVES:
+            mean, std, _ = across_seeds(group[key].to_numpy())
+            row |= {f"{key}_mean": mean, f"{key}_std": std}
+        rows.append(row)
+    return pd.DataFrame(rows)
