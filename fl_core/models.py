@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ConfigError
+from .knobs import ConfigError
 
 HEAD_PREFIX = {"lenet": "head.", "cnn2": "head.", "resnet18_cifar": "fc.", "resnet18": "fc.",
                "cnn_bn": "head.", "lenet_bn": "head.", "preresnet18": "linear.", "mobilenet_cifar": "linear."}

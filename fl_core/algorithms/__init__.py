@@ -8,11 +8,8 @@ knobs (a `MethodParams` dataclass, the class's `Params`). A module is imported o
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ..knobs import MethodParams
-    from .base import Algorithm
+from ..knobs import MethodParams
 
 # name -> (module in this package, class). Order = the order of tables and --help.
 _IMPLEMENTATIONS = {
@@ -52,26 +49,17 @@ _IMPLEMENTATIONS = {
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 
 
-def get_algorithm(name: str) -> type["Algorithm"]:
+def get_algorithm(name: str) -> type:
+    """The class of the method `name` (a `base.Algorithm`), its module imported on first use."""
     if name not in _IMPLEMENTATIONS:
         raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)}")
     module, cls = _IMPLEMENTATIONS[name]
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
-def params_class(name: str) -> type["MethodParams"]:
+def params_class(name: str) -> type[MethodParams]:
     """The dataclass of a method's own knobs (defaults, help, validation)."""
     return get_algorithm(name).Params
 
 
-def __getattr__(name: str) -> Any:  # `from fl_core.algorithms import Algorithm` stays lazy
-    if name == "Algorithm":
-        from .base import Algorithm
-        return Algorithm
-    if name == "ClientState":
-        from ..client_state import ClientState
-        return ClientState
-    raise AttributeError(name)
-
-
-__all__ = ["ALGORITHMS", "get_algorithm", "params_class", "Algorithm", "ClientState"]
+__all__ = ["ALGORITHMS", "get_algorithm", "params_class"]
