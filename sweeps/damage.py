@@ -15,7 +15,7 @@ the disk. Readers never trust such a file silently:
     (`sweeps.trainable.run_trial`);
   - a trial that Tune counts as finished but whose rows are no longer all on disk (set aside, or
     deleted by hand) runs again, to the round Tune last saw it report (`behind`), in a repair
-    experiment of its stage (`<stage>-repair-<time>`; sweeps/launch.py);
+    experiment of its stage (`repair_stage`: `<stage>-repair-<time>`);
   - Tune's own record of a stage (`tune-<stage>/`) that cannot be restored is set aside and the
     stage starts again: its finished trials find their final state and only report it again.
 Runs are deterministic per config hash, so the trial's rows come back identical.
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .parquet_sink import round_sources, unreadable
+from .plan import run_config
+from .stages import Stage
 
 TRIAL_FOLDERS = ("rounds", "clients", "masks", "state", "checkpoints")  # files named <config_hash>...
 
@@ -154,3 +156,31 @@ def behind(folder: Path, reported: list[tuple[str, int, int]]) -> dict[str, int]
         if last > have:
             out[key] = last
     return out
+
+
+def repair_stage(folder: Path, stage: Stage, grid) -> Stage | None:
+    """The trials of a stage that Tune counts as ended without an error but whose rows on disk
+    stop before the round it last saw them report (their files were damaged and set aside, or
+    deleted): a stage that runs them again, each to that round, from round 1."""
+    reported = {}
+    for result in grid:
+        if result.error is None and result.config and (result.metrics or {}).get("round"):
+            run = run_config(result.config)
+            reported[run.config_hash()] = (run, int(result.metrics["round"]), _kind_of(result.config))
+    late = behind(folder, [(key, last, run.rounds) for key, (run, last, _) in reported.items()])
+    if not late:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for key in late:  # what is left of them (a state without its rows) is set aside: they start over
+        leftover = trial_files(folder, key)
+        if leftover:
+            move_aside(folder, leftover, stamp)
+    print(f"[sweep] {stage.name}: {len(late)} trial(s) ended but their rows are not all on disk "
+          f"({', '.join(sorted(late))}); running them again", flush=True)
+    return Stage(name=f"{stage.name}-repair-{stamp}", kind="repair",
+                 configs=tuple((reported[key][2], reported[key][0]) for key in sorted(late)),
+                 stop_after={key: late[key] for key in sorted(late)})
+
+
+def _kind_of(config: dict) -> str:
+    return config.get("trial", config).get("stage") or "grid"

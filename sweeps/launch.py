@@ -134,7 +134,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
         tuner = _tuner(plan, stage, trainable)
         with guard.tune():
             ran.append((stage, tuner.fit()))
-            repair = repair_stage(plan, stage, ran[-1][1])
+            repair = damage.repair_stage(plan.folder, stage, ran[-1][1])
             if repair is not None and guard.signum is None:
                 repaired.append((repair, _tuner(plan, repair, trainable).fit()))
         stopped = guard.signum
@@ -170,34 +170,6 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
         return exit_code(stop.signum)
     return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
-
-
-def repair_stage(plan: SweepPlan, stage: Stage, grid) -> Stage | None:
-    """The trials of a stage that Tune counts as ended without an error but whose rows on disk
-    stop before the round it last saw them report (their files were damaged and set aside, or
-    deleted): a stage that runs them again, each to that round, from round 1 (sweeps/damage.py)."""
-    reported = {}
-    for result in grid:
-        if result.error is None and result.config and (result.metrics or {}).get("round"):
-            run = run_config(result.config)
-            reported[run.config_hash()] = (run, int(result.metrics["round"]), _kind_of(result.config))
-    late = damage.behind(plan.folder, [(key, last, run.rounds) for key, (run, last, _) in reported.items()])
-    if not late:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for key in late:  # what is left of them (a state without its rows) is set aside: they start over
-        leftover = damage.trial_files(plan.folder, key)
-        if leftover:
-            damage.move_aside(plan.folder, leftover, stamp)
-    print(f"[sweep] {stage.name}: {len(late)} trial(s) ended but their rows are not all on disk "
-          f"({', '.join(sorted(late))}); running them again", flush=True)
-    return Stage(name=f"{stage.name}-repair-{stamp}", kind="repair",
-                 configs=tuple((reported[key][2], reported[key][0]) for key in sorted(late)),
-                 stop_after={key: late[key] for key in sorted(late)})
-
-
-def _kind_of(config: dict) -> str:
-    return config.get("trial", config).get("stage") or "grid"
 
 
 def all_completed(grid) -> bool:
