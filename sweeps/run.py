@@ -12,15 +12,16 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":  # a signal from here until the sweep starts: one line, its exit status
-    from sweeps.interrupts import while_starting
-    while_starting()
-
-from sweeps.errors import SweepError  # noqa: E402
-from sweeps.study import run_study, study_of_file  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (`python sweeps/run.py`, or `fl-study`); `argv` given: called from Python."""
+    if argv is None:  # a signal from here until the sweep starts: one line, its exit status
+        from sweeps.interrupts import while_starting
+        while_starting()
+    from sweeps.errors import SweepError
+    from sweeps.study import run_study, study_of_file
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-"):
         print(__doc__.strip() + "\n\nerror: give the study file first (e.g. studies/fedselect_grid.toml); "

@@ -4,6 +4,7 @@ import errno
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -124,3 +125,20 @@ def test_a_full_disk_mid_run_is_one_error_and_keeps_the_rounds_written(tmp_path,
     kept = pd.read_parquet(tmp_path / "rounds.parquet")
     assert sorted(kept["round"].unique()) == [1, 2]  # the last complete write, intact
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("command, args, code, needle", [
+    ("fl-run", ["--help"], 0, "usage: python -m fl_core"),
+    ("fl-tables", ["--help"], 0, "usage: python -m analysis.tables"),
+    ("fl-study", [], 2, "error: give the study file first"),
+    ("fl-study", ["studies/fedselect_grid.toml", "--dry-run"], 0, "anchor"),
+])
+def test_console_scripts_are_the_module_commands(command, args, code, needle, tmp_path):
+    """`pip install -e .` puts the engine, the study runner and the tables on PATH (pyproject's
+    [project.scripts]); each is the `python -m` / `python sweeps/run.py` command of the same name."""
+    script = Path(sys.executable).parent / command
+    assert script.exists(), f"{script}: run scripts/setup.sh (pyproject.toml changed)"
+    done = subprocess.run([str(script), *args, *(["--results", str(tmp_path)] if "--dry-run" in args else [])],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert needle in done.stdout + done.stderr
