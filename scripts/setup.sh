@@ -17,7 +17,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 echo "[setup] installing the project and its dependencies into $venv (first time: a few minutes)" >&2
 log="$venv/setup.log"
-if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test]"; } >"$log" 2>&1; then
+if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[test,docs]"; } >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "[setup] failed; full log: $log" >&2
     exit 1
