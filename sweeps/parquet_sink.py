@@ -28,7 +28,8 @@ writes journal files again (trials stopped early by a scheduler keep their journ
 Reading (`read_rounds`, `read_sweep`, `read_files`): one listing of the folder picks, per hash,
 the compacted file if it exists, else its journal files; the files are read as one pyarrow
 dataset whose schema is the union of the files' schemas (methods write different columns, and a
-column that is all None in one file is typed null there), with permissive type promotion.
+column that is all None in one file is typed null there), with permissive type promotion. A file
+that cannot be read raises `DamagedFile`, one line naming it and what to do (sweeps/damage.py).
 """
 from __future__ import annotations
 
