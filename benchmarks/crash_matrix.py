@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.compare_sweeps import differences  # noqa: E402
-from sweeps.parquet_sink import read_rounds, round_sources  # noqa: E402
+from sweeps.damage import rounds_on_disk  # noqa: E402
+from sweeps.parquet_sink import read_rounds  # noqa: E402
 
 TINY = ["--dataset", "synthetic", "--num-clients", "3", "--partition", "shards", "--shards-per-client", "3",
         "--batch-size", "16", "--local-epochs", "1", "--seeds", "0", "--verbose", "0"]
@@ -154,9 +155,9 @@ def ray_processes(ray_tmp: Path, title: str = "") -> list[int]:
 
 
 def rows_written(folder: Path, rounds_of: dict[str, int]) -> int:
-    """(trial, round) rows on disk: a journal file is one round, a compacted file all of its trial's."""
-    return sum(rounds_of.get(key, 0) if len(files) == 1 and "-r" not in files[0].name else len(files)
-               for key, files in round_sources(folder).items())
+    """(trial, round) rows on disk (`sweeps.damage.rounds_on_disk`; a compacted trial has all of
+    its `rounds_of` rounds)."""
+    return sum(rounds_of.get(key, 0) if have == -1 else have for key, have in rounds_on_disk(folder).items())
 
 
 # ---------------------------------------------------------------------------- one kind
