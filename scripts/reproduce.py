@@ -1,0 +1,280 @@
+"""Run a study the documentation reports and regenerate its result files under docs/results/.
+
+    python scripts/reproduce.py NAME            # run the sweep(s), then write the tables and figures
+    python scripts/reproduce.py NAME --tables-only   # tabulate sweeps already in --results
+    python scripts/reproduce.py default --check      # run the default sweep in a temporary folder and
+                                                     # fail when its tables differ from the committed ones
+    python scripts/reproduce.py --list
+
+Every result table in the docs is a Markdown file that `analysis` wrote from a named sweep
+(`build_tables(..., markdown=True)`); the pages include these files and never type a number.
+A recipe is the exact command(s) that made the committed files; `docs/results/NAME/provenance.md`
+says which commit ran the sweeps and which wrote the tables. `bash scripts/reproduce.sh NAME`
+sets up `.venv` first. For the default sweep the README's table is rewritten too (between its
+`generated:` markers; `tests/test_docs.py` checks that it equals the committed file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_RESULTS = ROOT / "docs" / "results"
+README = ROOT / "README.md"
+README_TABLE = "methods.md"   # the default sweep's table shown in the README
+DATA = "--data-root"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Sweeps to run (script under sweeps/, its arguments; `--name` is added) and how to tabulate them."""
+
+    about: str
+    sweeps: tuple[tuple[str, str, tuple[str, ...]], ...]   # (sweep name, script, arguments)
+    table: str = "auto"                                      # analysis.tables --table
+    needs_data: bool = False
+    figures: bool = True
+    extra: tuple[str, ...] = field(default=())               # notes for provenance.md
+
+
+def _fmnist(script: str, name: str, *args: str) -> tuple[str, str, tuple[str, ...]]:
+    return (name, script, ("--preset", "fmnist", *args))
+
+
+RECIPES: dict[str, Recipe] = {
+    "default": Recipe("the default FedSelect grid on digits (bash scripts/main.sh)",
+                      (("fedselect-grid", "fedselect_grid.py", ()),)),
+    "fedselect-grid-fmnist": Recipe("the FedSelect grid on Fashion-MNIST",
+                                    (_fmnist("fedselect_grid.py", "fedselect-grid-fmnist"),), needs_data=True),
+    "baselines-fmnist": Recipe("FedSelect's Table 1 on Fashion-MNIST",
+                               (_fmnist("baselines.py", "baselines-fmnist"),), needs_data=True),
+    "ablation-fmnist": Recipe("FedSelect's Table 3 on Fashion-MNIST",
+                              (_fmnist("ablation.py", "ablation-fmnist"),), needs_data=True),
+    "dispfl-fmnist": Recipe("DisPFL against D-PSGD, FedAvg and Local on Fashion-MNIST",
+                            (_fmnist("dispfl.py", "dispfl-fmnist"),), needs_data=True),
+    "feature-shift-fmnist": Recipe("feature shift on fmnist_c", (_fmnist("feature_shift.py", "feature-shift-fmnist"),),
+                                   needs_data=True),
+    "feature-shift-fmnist-domain80": Recipe(
+        "feature shift, a client per domain, 80 rounds",
+        (_fmnist("feature_shift.py", "feature-shift-fmnist-domain80", "--partition", "domain", "--algorithms",
+                 "fedselect", "fedavg", "local", "fedavg_ft", "fedbn", "--rounds", "80", "--eval-every", "8"),),
+        needs_data=True),
+    "feature-shift-fmnist-lg80": Recipe(
+        "feature shift, LG-FedAvg at Dir(0.5) per domain, 80 rounds",
+        (_fmnist("feature_shift.py", "feature-shift-fmnist-lg80", "--partition", "domain_dirichlet", "--algorithms",
+                 "lg_fedavg", "--rounds", "80", "--eval-every", "8"),), needs_data=True),
+    "perfedmask-fmnist": Recipe(
+        "PerFedMask and the seven methods of its table on Fashion-MNIST",
+        (_fmnist("perfedmask.py", "perfedmask-fmnist", "--algorithms", "perfedmask", "fedbabu", "fedprox", "fednova",
+                 "heterofl", "splitmix", "fedavg_ft"),), needs_data=True),
+    "perfedmask-fmnist-c01": Recipe(
+        "PerFedMask's study at c = 0.1 to 200 rounds",
+        (_fmnist("perfedmask.py", "perfedmask-fmnist-c01", "--participation", "0.1", "--rounds", "200",
+                 "--eval-every", "40"),), needs_data=True),
+    "perfedmask-fmnist-c1-100": Recipe(
+        "FedBABU and PerFedMask at c = 1 to 100 rounds",
+        (_fmnist("perfedmask.py", "perfedmask-fmnist-c1-100", "--participation", "1.0", "--algorithms", "fedbabu",
+                 "perfedmask", "--rounds", "100", "--eval-every", "20"),), needs_data=True),
+    "fedl2p-fmnist": Recipe("FedL2P's two stages on fmnist_c", (_fmnist("fedl2p.py", "fedl2p-fmnist"),),
+                            needs_data=True),
+    "fedl2p-table1": Recipe(
+        "FedL2P's Table 1 in kind: three pretrainings x Dir alpha",
+        tuple(_fmnist("fedl2p.py", f"t1-{p}", "--corruptions", "clean", "--dir-alpha", "1000", "1.0", "0.5", "0.1",
+                      "--algorithms", "ft", "fedl2p", "--bn-mode", "C", "--seeds", "0", "1", "2", "--pretraining", p)
+              for p in ("fedavg", "fedbabu", "perfedavg_hf")),
+        table="fedl2p", needs_data=True, figures=False),
+    "baselines-pfl": Recipe(
+        "the ten further personalized baselines on Fashion-MNIST Dir(0.3)",
+        (("pfl-fmnist", "baselines.py", ("--preset", "pfl", "--seeds", "0")),
+         ("pfl-fmnist-s12", "baselines.py", ("--preset", "pfl", "--seeds", "1", "2")),
+         ("pfl-scaffold", "baselines.py", ("--preset", "pfl", "--algorithms", "scaffold"))),
+        table="methods", needs_data=True, figures=False),
+}
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def commit_label() -> str:
+    """HEAD's short hash, with `+changes` when the work tree differs from it."""
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}+changes" if dirty and dirty != "unknown" else head
+
+
+def command_line(recipe: Recipe, sweep: tuple[str, str, tuple[str, ...]], results: Path,
+                 data_root: str | None) -> list[str]:
+    name, script, args = sweep
+    cmd = [sys.executable, str(ROOT / "sweeps" / script), *args, "--results", str(results), "--name", name]
+    if recipe.needs_data:
+        cmd += [DATA, data_root or os.environ.get("FL_DATA_ROOT", str(ROOT.parent / "shared" / "data"))]
+    return cmd
+
+
+def shown(cmd: list[str]) -> str:
+    """The command as a user types it: repository-relative, without the --results and --data-root
+    this script chose."""
+    parts, skip = [], False
+    for c in cmd:
+        if skip:
+            skip = False
+        elif c in ("--results", DATA):
+            skip = True
+        else:
+            parts.append("python" if c == sys.executable else c.replace(str(ROOT) + "/", ""))
+    return " ".join(parts)
+
+
+def tabulate(recipe: Recipe, results: Path, out: Path) -> list[Path]:
+    """Write the recipe's Markdown tables (and figures) from its sweeps in `results` into `out`."""
+    from analysis.plots import build_plots
+    from analysis.tables import build_tables
+
+    folders = [results / name for name, _, _ in recipe.sweeps]
+    missing = [str(f) for f in folders if not (f / "trials.parquet").exists() and not (f / "rounds").is_dir()]
+    if missing:
+        raise SystemExit(f"error: no sweep results in {', '.join(missing)}; run the recipe without --tables-only")
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tables(folders, recipe.table, Path(tmp), markdown=True)
+        written = sorted(Path(tmp).glob("*.md"))
+        if recipe.figures:
+            written += [p for p in build_plots(folders, out=Path(tmp) / "figures") if p.suffix == ".png"]
+        if out.exists():
+            for old in out.iterdir():
+                if old.is_file() and old.name != "provenance.md":
+                    old.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        return [Path(shutil.copy2(p, out / p.name)) for p in written]
+
+
+def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, ran: str | None,
+                     seconds: float | None) -> None:
+    lines = [f"Regenerate: `bash scripts/reproduce.sh {name}` ({recipe.about}). The sweep command(s):", ""]
+    lines += [f"    {c}" for c in commands]
+    lines += ["", f"Tables and figures written by `analysis` at commit {commit_label()} "
+                  f"({time.strftime('%Y-%m-%d', time.gmtime())})."]
+    if ran:
+        lines.append(f"Sweeps run at commit {ran}" + (f" in {seconds / 60:.0f} min on this machine." if seconds else "."))
+    lines += [*recipe.extra]
+    (out / "provenance.md").write_text("\n".join(lines) + "\n")
+
+
+def sync_readme(table: Path, readme: Path = README) -> bool:
+    """Replace the README's generated block with `table`; True when it changed."""
+    text = readme.read_text()
+    start, end = readme_markers(table)
+    if start not in text or end not in text:
+        raise SystemExit(f"error: {readme} has no block between {start!r} and {end!r}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{table.read_text().rstrip()}\n{end}{tail}"
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def readme_markers(table: Path) -> tuple[str, str]:
+    rel = table.relative_to(ROOT) if table.is_absolute() else table
+    return f"<!-- generated: {rel} -->", "<!-- end generated -->"
+
+
+def check(out_new: Path, committed: Path) -> list[str]:
+    """The differences between freshly written tables and the committed ones (Markdown tables only)."""
+    problems = []
+    for fresh in sorted(out_new.glob("*.md")):
+        if fresh.name == "provenance.md":
+            continue
+        old = committed / fresh.name
+        if not old.exists():
+            problems.append(f"{old} is not committed")
+            continue
+        if fresh.read_text() != old.read_text():
+            diff = difflib.unified_diff(old.read_text().splitlines(), fresh.read_text().splitlines(),
+                                        str(old), "regenerated", lineterm="")
+            problems.append("\n".join(diff))
+    for old in sorted(committed.glob("*.md")):
+        if old.name != "provenance.md" and not (out_new / old.name).exists():
+            problems.append(f"{old} was not regenerated")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/reproduce.sh", description=__doc__.split("\n")[0])
+    parser.add_argument("name", nargs="?", help="the recipe (--list shows them)")
+    parser.add_argument("--list", action="store_true", help="print the recipes and exit")
+    parser.add_argument("--tables-only", action="store_true", help="tabulate sweeps already in --results")
+    parser.add_argument("--check", action="store_true",
+                        help="run in a temporary folder and compare the tables with docs/results/NAME")
+    parser.add_argument("--results", type=Path, default=ROOT / "results", help="results folder (default results/)")
+    parser.add_argument("--data-root", default=None, help="data folder (default $FL_DATA_ROOT or ../shared/data)")
+    parser.add_argument("--ran-at", default=None,
+                        help="with --tables-only: the commit that ran the sweeps, for provenance.md")
+    args = parser.parse_args(argv)
+    if args.list or not args.name:
+        for name, recipe in RECIPES.items():
+            print(f"{name:32s} {recipe.about}")
+        return 0 if args.list else 2
+    if args.name not in RECIPES:
+        print(f"error: unknown recipe {args.name!r}; choose from {', '.join(RECIPES)}", file=sys.stderr)
+        return 2
+    if args.check and args.tables_only:
+        print("error: --check runs the sweeps; it cannot be combined with --tables-only", file=sys.stderr)
+        return 2
+    recipe = RECIPES[args.name]
+    committed = DOCS_RESULTS / args.name
+    with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
+        results = Path(tmp) / "results" if args.check else args.results
+        commands = [command_line(recipe, s, results, args.data_root) for s in recipe.sweeps]
+        seconds = None
+        if not args.tables_only:
+            taken = [str(results / s[0]) for s in recipe.sweeps if (results / s[0]).exists()]
+            if taken:
+                print(f"error: {', '.join(taken)} exists; remove it or tabulate it with --tables-only",
+                      file=sys.stderr)
+                return 2
+            start = time.monotonic()
+            for cmd in commands:
+                print(f"[reproduce] {shown(cmd)}", flush=True)
+                done = subprocess.run(cmd, cwd=ROOT)
+                if done.returncode != 0:
+                    print(f"error: the sweep exited {done.returncode}; nothing under docs/ was changed",
+                          file=sys.stderr)
+                    return done.returncode
+            seconds = time.monotonic() - start
+        sys.path.insert(0, str(ROOT))
+        out = Path(tmp) / "fresh" if args.check else committed
+        written = tabulate(recipe, results, out)
+        if args.check:
+            problems = check(out, committed)
+            if problems:
+                print("\n".join(problems))
+                print(f"error: the regenerated tables of {args.name!r} differ from docs/results/{args.name} "
+                      f"(commit the new ones with: bash scripts/reproduce.sh {args.name})", file=sys.stderr)
+                return 1
+            print(f"[reproduce] {len(list(out.glob('*.md')))} tables regenerated, identical to docs/results/{args.name}")
+            return 0
+    shown_commands = [shown(cmd) for cmd in commands]
+    ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
+    write_provenance(args.name, recipe, shown_commands, committed, ran, seconds)
+    for path in written:
+        print(f"[reproduce] wrote {path.relative_to(ROOT)}")
+    if args.name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):
+        print(f"[reproduce] README table updated from docs/results/default/{README_TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
