@@ -20,7 +20,7 @@ setting and meta-learning method (FedL2P, its ablations, L2P):
    and the share of client × seed pairs where the learned λ is lower.
 3. **How far the policy moved.** On evaluated rounds each client has its learned policy (`beta:
    <BN layer>`, `eta:<tensor>`) and the one the initial λ gives it (`beta_init:*`, `eta_init:*`;
-   fl_core/algorithms/fedl2p.py). At each trial's last evaluated round: |Δβ| = the mean over
+   fl_core/fedl2p/algorithm.py). At each trial's last evaluated round: |Δβ| = the mean over
    clients and layers of |β − β_init|; |Δη| / η_init the mean relative change of the rates
    (tensors with η_init = 0 left out). Between domains (feature shift: `domain` in
    clients.parquet): d = Euclidean distance between two clients' policy vectors (β per layer;
@@ -244,12 +244,14 @@ def render(frame: pd.DataFrame, heads: dict[str, str], markdown: bool) -> str:
 
 
 def report(rounds: pd.DataFrame, clients: pd.DataFrame | None = None, markdown: bool = False) -> str:
-    return ("Validation loss over meta rounds (seen clients, weighted by training samples)\n"
-            + render(loss_summary(rounds), LOSS_HEAD, markdown)
-            + "\n\nThe learned λ against the initial λ, same batches (last evaluated round)\n"
-            + render(gain_summary(rounds), GAIN_HEAD, markdown)
-            + "\n\nPolicy: distance from the initial λ's, and between domains (last evaluated round)\n"
-            + render(policy_summary(rounds, clients), POLICY_HEAD, markdown))
+    gap = "\n\n" if markdown else "\n"  # Markdown starts a table after a blank line only
+    parts = [("Validation loss over meta rounds (seen clients, weighted by training samples):",
+              loss_summary(rounds), LOSS_HEAD),
+             ("The learned λ against the initial λ, same batches (last evaluated round):", gain_summary(rounds),
+              GAIN_HEAD),
+             ("Policy: distance from the initial λ's, and between domains (last evaluated round):",
+              policy_summary(rounds, clients), POLICY_HEAD)]
+    return "\n\n".join(title + gap + render(frame, heads, markdown) for title, frame, heads in parts)
 
 
 def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:

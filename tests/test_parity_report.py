@@ -79,11 +79,14 @@ def test_the_replay_loader_yields_the_batches_our_trainer_draws():
     assert all(torch.equal(a, b) for a, b in zip(replayed, seen))
 
 
-def test_the_readme_parity_table_is_the_report_of_the_measured_runs():
-    """The README's whole-run parity table is `report --markdown` over benchmarks/parity/measured,
-    not numbers typed by hand (regenerate it when a run is redone)."""
+def test_the_docs_parity_table_is_the_report_of_the_measured_runs():
+    """The docs' whole-run parity table (docs/results/parity/whole_runs.md, included by
+    docs/parity.md) is `report --markdown` over benchmarks/parity/measured, not numbers typed by
+    hand: `python benchmarks/parity/report.py benchmarks/parity/measured/*.json --markdown --out
+    docs/results/parity/whole_runs.md` rewrites it when a run is redone."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     runs = sorted((root / "benchmarks" / "parity" / "measured").glob("*.json"))
     assert {p.stem for p in runs} >= {"dispfl", "pfm", "fs_own", "fs_shared"}
-    assert markdown(runs) in (root / "README.md").read_text()
+    assert (root / "docs" / "results" / "parity" / "whole_runs.md").read_text() == markdown(runs).rstrip("\n") + "\n"
+    assert '--8<-- "results/parity/whole_runs.md"' in (root / "docs" / "parity.md").read_text()

@@ -1,4 +1,4 @@
-"""Parity of our FedL2P (fl_core/fedl2p/, fl_core/algorithms/fedl2p.py) with the authors' code,
+"""Parity of our FedL2P (fl_core/fedl2p/: the method and its blocks) with the authors' code,
 github.com/royson/fedl2p at commit fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee.
 
 Their pipeline (Flower 0.17 on Ray 1.4.1, YAML configs, wandb, CIFAR/Office/DomainNet loaders)

@@ -1,5 +1,5 @@
 """What the whole-run parity scripts share: the rounds they record, the summary over seeds, and the
-README's parity table made from their saved runs.
+docs' whole-run parity table (docs/results/parity/whole_runs.md) made from their saved runs.
 
 Each of benchmarks/parity/{dispfl,perfedmask,fedselect}.py records, per seed, one `Round` per
 communication round (both implementations' mean client accuracy and seconds, measured in the same
@@ -162,10 +162,16 @@ class ReplayLoader:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="JSON files written by the parity scripts' --json")
-    parser.add_argument("--markdown", action="store_true", help="the README's table (else one summary per file)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="the docs' table (else one summary per file); docs/results/parity/whole_runs.md")
+    parser.add_argument("--out", type=Path, default=None, help="with --markdown: also write the table to this file")
     args = parser.parse_args()
     if args.markdown:
-        print(markdown(args.runs))
+        table = markdown(args.runs)
+        print(table)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(table.rstrip("\n") + "\n")
         return
     for path in args.runs:
         payload, runs = load(path)

@@ -1,7 +1,8 @@
 """The registry of methods: the single list of what `algorithm` may name.
 
-Each method lives in one file of this package: its class (hooks on `base.Algorithm`) and its own
-knobs (a `MethodParams` dataclass, the class's `Params`). A module is imported only when a run
+Each method lives in one file: its class (hooks on `base.Algorithm`) and its own knobs (a
+`MethodParams` dataclass, the class's `Params`), in this package, except FedL2P and L2P, which
+live beside their building blocks in `fl_core.fedl2p` (`algorithm.py`, `l2p.py`). A module is imported only when a run
 (or a CLI, or a config check) needs that method, and this file imports no torch, so that
 `fl_core.config` can list the methods cheaply.
 """
@@ -11,7 +12,7 @@ import importlib
 
 from ..knobs import MethodParams
 
-# name -> (module in this package, class). Order = the order of tables and --help.
+# name -> (module in this package, or a full module path, class). Order = the order of tables and --help.
 _IMPLEMENTATIONS = {
     "fedselect": ("fedselect", "FedSelect"),
     "fedavg": ("fedavg", "FedAvg"),
@@ -33,8 +34,8 @@ _IMPLEMENTATIONS = {
     "splitmix": ("splitmix", "SplitMix"),
     "perfedmask": ("perfedmask", "PerFedMask"),
     "ft": ("ft", "FineTune"),
-    "l2p": ("l2p", "L2P"),
-    "fedl2p": ("fedl2p", "FedL2P"),
+    "l2p": ("fl_core.fedl2p.l2p", "L2P"),
+    "fedl2p": ("fl_core.fedl2p.algorithm", "FedL2P"),
     "perfedavg_fo": ("perfedavg", "PerFedAvgFO"),
     "perfedavg_hf": ("perfedavg", "PerFedAvgHF"),
     "pfedme": ("pfedme", "PFedMe"),
@@ -54,7 +55,7 @@ def get_algorithm(name: str) -> type:
     if name not in _IMPLEMENTATIONS:
         raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)}")
     module, cls = _IMPLEMENTATIONS[name]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), cls)
 
 
 def params_class(name: str) -> type[MethodParams]:

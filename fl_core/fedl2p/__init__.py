@@ -1,8 +1,8 @@
 """FedL2P (Lee et al., NeurIPS 2023): federated learning of fine-tuning policies with meta-nets.
 
-The building blocks of the methods `ft` (FT BN C/G/I), `l2p` and `fedl2p`
-(fl_core/algorithms/ft.py, l2p.py, fedl2p.py), which personalize a pretrained model (the
-`pretrained` knob; fl_core/checkpoints.py):
+The methods `fedl2p` (`algorithm.py`) and `l2p` (`l2p.py`, the same meta-learning per client
+alone), and the building blocks they share with `ft` (FT BN C/G/I, fl_core/algorithms/ft.py),
+which personalize a pretrained model (the `pretrained` knob; fl_core/checkpoints.py):
 - `bn_mixing`: a context manager under which every BatchNorm layer normalises with a β-weighted
   mix of its pretrained running statistics and the client's (or the incoming batch's) statistics,
   differentiably in β and compatible with `torch.func.functional_call`;

@@ -23,7 +23,7 @@ and `meta_step` makes one meta iteration on one client:
      (the authors: a fresh training batch and a validation batch, both at θ');
   4. the meta-gradient d L_V / d λ, clipped to [−1, 1], then SGD on λ with the paper's rates
      ζ = (w_bn 1e-3, w_lr 1e-3, η̃ 1e-4). FOMAML+ (FedL2P's default here: the one that lowers the
-     validation loss at this scale, fl_core/algorithms/fedl2p.py): the direct term ∂_λ L_V only,
+     validation loss at this scale, fl_core/fedl2p/algorithm.py): the direct term ∂_λ L_V only,
      for every meta-net. IFT (the paper's; `hypergrad.ift_hypergradient`, Q = 3, ψ = 0.1) as the
      authors' code: the implicit term −p·∂²L_T/∂θ'∂λ for every meta-net, plus the direct term
      ∂_λ L_V for BNNet only (`ift_direct = "bnnet"`; "all" adds it for LRNet too, through the

@@ -61,12 +61,12 @@ import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
-from ..fedl2p.personalize import (LOOKAHEADS, META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics,
+from .personalize import (LOOKAHEADS, META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics,
                                   validation_loss)
 from ..knobs import ConfigError, knob
 from ..training import derive_seed
-from .base import BYTES_PER_ENTRY, LocalStats, Traffic
-from .ft import Personalizing, PersonalizeParams
+from ..algorithms.base import BYTES_PER_ENTRY, LocalStats, Traffic
+from ..algorithms.ft import Personalizing, PersonalizeParams
 
 META_NETS = ("both", "bnnet", "lrnet")
 KEEPS = ("paired", "participants")

@@ -3,7 +3,7 @@
 compute budget as FedL2P).
 
 Every client starts from the same initial λ and makes FedL2P's meta iterations on its own data in
-every round it takes part (`fl_core/algorithms/fedl2p.py`, same knobs), keeping its own λ; nothing
+every round it takes part (`fl_core/fedl2p/algorithm.py`, same knobs), keeping its own λ; nothing
 is sent. Each client keeps its own λ when it scores a lower validation loss than the λ kept so far
 (`keep`: paired = both scored on the same batches, as FedL2P's server compares them; participants
 = against the lowest loss seen) and stops after `patience` rounds without improvement.
@@ -17,8 +17,8 @@ import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
-from .base import LocalStats
-from .fedl2p import FedL2P
+from ..algorithms.base import LocalStats
+from .algorithm import FedL2P
 
 
 class L2P(FedL2P):
