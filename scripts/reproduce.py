@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ class Recipe:
     table: str = "auto"                                      # analysis.tables --table
     needs_data: bool = False
     figures: bool = True
-    extra: tuple[str, ...] = field(default=())               # notes for provenance.md
+    reports: tuple[tuple[str, str, str | None], ...] = ()     # (analysis module, report .md, plot .png)
 
 
 def _fmnist(script: str, name: str, *args: str) -> tuple[str, str, tuple[str, ...]]:
@@ -85,7 +86,7 @@ RECIPES: dict[str, Recipe] = {
         (_fmnist("perfedmask.py", "perfedmask-fmnist-c1-100", "--participation", "1.0", "--algorithms", "fedbabu",
                  "perfedmask", "--rounds", "100", "--eval-every", "20"),), needs_data=True),
     "fedl2p-fmnist": Recipe("FedL2P's two stages on fmnist_c", (_fmnist("fedl2p.py", "fedl2p-fmnist"),),
-                            needs_data=True),
+                            needs_data=True, reports=(("analysis.fedl2p_learning", "learning.md", "val_loss.png"),)),
     "fedl2p-table1": Recipe(
         "FedL2P's Table 1 in kind: three pretrainings x Dir alpha",
         tuple(_fmnist("fedl2p.py", f"t1-{p}", "--corruptions", "clean", "--dir-alpha", "1000", "1.0", "0.5", "0.1",
@@ -98,7 +99,12 @@ RECIPES: dict[str, Recipe] = {
          ("pfl-fmnist-s12", "baselines.py", ("--preset", "pfl", "--seeds", "1", "2")),
          ("pfl-scaffold", "baselines.py", ("--preset", "pfl", "--algorithms", "scaffold"))),
         table="methods", needs_data=True, figures=False),
+    "claims": Recipe("the papers' claims, checked on every Fashion-MNIST sweep above that is in --results "
+                     "(python -m analysis.claims)", (), figures=False),
 }
+CLAIMS_FROM = ("fedselect-grid-fmnist", "baselines-fmnist", "ablation-fmnist", "dispfl-fmnist", "feature-shift-fmnist",
+               "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c01", "perfedmask-fmnist-c1-100",
+               "fedl2p-fmnist")
 
 
 def git(*args: str) -> str:
@@ -138,37 +144,66 @@ def shown(cmd: list[str]) -> str:
     return " ".join(parts)
 
 
-def tabulate(recipe: Recipe, results: Path, out: Path) -> list[Path]:
-    """Write the recipe's Markdown tables (and figures) from its sweeps in `results` into `out`."""
+def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
+    """Write the recipe's Markdown tables (and figures, reports) from its sweeps in `results` into
+    `out`. The tables are built where `python -m analysis.tables` puts them (the first sweep's
+    `tables/`, refreshing its summary.parquet) and copied from there."""
     from analysis.plots import build_plots
     from analysis.tables import build_tables
 
-    folders = [results / name for name, _, _ in recipe.sweeps]
-    missing = [str(f) for f in folders if not (f / "trials.parquet").exists() and not (f / "rounds").is_dir()]
-    if missing:
-        raise SystemExit(f"error: no sweep results in {', '.join(missing)}; run the recipe without --tables-only")
+    folders = [results / sweep for sweep, _, _ in recipe.sweeps]
+    if name == "claims":
+        folders = [results / sweep for other in CLAIMS_FROM for sweep, _, _ in RECIPES[other].sweeps
+                   if (results / sweep / "trials.parquet").exists()]
+    missing = [str(f) for f in folders if not (f / "trials.parquet").exists()]
+    if missing or not folders:
+        raise SystemExit(f"error: no sweep results in {', '.join(missing) or results}; "
+                         "run the recipe without --tables-only")
+    fresh: list[Path] = []
+    if name == "claims":
+        from analysis.claims import main as claims
+        for folder in folders:   # the verdicts read each sweep's tables/summary.parquet: refresh them
+            build_tables([folder])
+        with tempfile.TemporaryDirectory() as tmp:
+            if claims([*map(str, folders), "--markdown", "--out", f"{tmp}/claims.md"]) != 0:
+                raise SystemExit("error: python -m analysis.claims failed")
+            fresh.append(Path(tmp) / "claims.md")
+            return replace_files(out, fresh)
+    fresh += [tex.with_suffix(".md") for tex in build_tables(folders, recipe.table, markdown=True).values()]
+    if recipe.figures:
+        fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
     with tempfile.TemporaryDirectory() as tmp:
-        build_tables(folders, recipe.table, Path(tmp), markdown=True)
-        written = sorted(Path(tmp).glob("*.md"))
-        if recipe.figures:
-            written += [p for p in build_plots(folders, out=Path(tmp) / "figures") if p.suffix == ".png"]
-        if out.exists():
-            for old in out.iterdir():
-                if old.is_file() and old.name != "provenance.md":
-                    old.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        return [Path(shutil.copy2(p, out / p.name)) for p in written]
+        for module, report, plot in recipe.reports:
+            args = [*map(str, folders), "--markdown", "--out", f"{tmp}/{report}"]
+            if plot:
+                args += ["--plot", f"{tmp}/{plot}"]
+            if importlib.import_module(module).main(args) != 0:
+                raise SystemExit(f"error: python -m {module} failed")
+            fresh += [Path(tmp) / report] + ([Path(tmp) / plot] if plot else [])
+        return replace_files(out, fresh)
+
+
+def replace_files(out: Path, fresh: list[Path]) -> list[Path]:
+    """Make `out` hold exactly `fresh` (and its provenance.md)."""
+    if out.exists():
+        for old in out.iterdir():
+            if old.is_file() and old.name != "provenance.md":
+                old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy2(p, out / p.name)) for p in fresh]
 
 
 def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, ran: str | None,
                      seconds: float | None) -> None:
-    lines = [f"Regenerate: `bash scripts/reproduce.sh {name}` ({recipe.about}). The sweep command(s):", ""]
+    lines = [f"**`docs/results/{name}`**: {recipe.about}. Regenerate: `bash scripts/reproduce.sh {name}`, "
+             "which runs:", ""]
     lines += [f"    {c}" for c in commands]
     lines += ["", f"Tables and figures written by `analysis` at commit {commit_label()} "
                   f"({time.strftime('%Y-%m-%d', time.gmtime())})."]
-    if ran:
-        lines.append(f"Sweeps run at commit {ran}" + (f" in {seconds / 60:.0f} min on this machine." if seconds else "."))
-    lines += [*recipe.extra]
+    if seconds is not None:
+        lines.append(f"Sweeps run at commit {ran} in {seconds / 60:.0f} min (this machine).")
+    elif ran:
+        lines.append(f"Sweeps run: {ran}.")
     (out / "provenance.md").write_text("\n".join(lines) + "\n")
 
 
@@ -187,7 +222,7 @@ def sync_readme(table: Path, readme: Path = README) -> bool:
 
 
 def readme_markers(table: Path) -> tuple[str, str]:
-    rel = table.relative_to(ROOT) if table.is_absolute() else table
+    rel = table.relative_to(ROOT) if table.is_relative_to(ROOT) else table
     return f"<!-- generated: {rel} -->", "<!-- end generated -->"
 
 
@@ -256,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds = time.monotonic() - start
         sys.path.insert(0, str(ROOT))
         out = Path(tmp) / "fresh" if args.check else committed
-        written = tabulate(recipe, results, out)
+        written = tabulate(args.name, recipe, results, out)
         if args.check:
             problems = check(out, committed)
             if problems:

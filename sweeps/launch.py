@@ -356,13 +356,13 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str = "acc_mean")
 
 
 def _tables_and_figures(folder: Path, plan: SweepPlan | None = None) -> None:
-    """The study's LaTeX tables and figures from its Parquet results (analysis/); with the `plan`,
+    """The study's LaTeX (and Markdown) tables and figures from its Parquet results (analysis/); with the `plan`,
     the tables folder (with summary.parquet) also goes to the sweep's MLflow run."""
     try:
         from analysis.plots import build_plots
         from analysis.tables import build_tables
 
-        tables = build_tables([folder])
+        tables = build_tables([folder], markdown=True)  # .md beside each .tex: for a README, an issue, the docs
         figures = build_plots([folder])
     except Exception as err:  # noqa: BLE001 - the results are safe; a failed figure must not fail the sweep
         print(f"WARNING: building tables/figures failed ({type(err).__name__}: {err}); "

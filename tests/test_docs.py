@@ -30,3 +30,84 @@ def test_the_site_builds_strictly(tmp_path):
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "masked_average" in api and "DamagedFile" in api   # the references resolved to the code
     assert (tmp_path / "site" / "methods" / "index.html").exists()
+
+
+# ---------------------------------------------------------------- generated results in the docs
+
+import re  # noqa: E402
+
+import reproduce  # noqa: E402
+
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', re.M)
+
+
+def test_the_readme_fits_two_screens_and_shows_the_committed_default_table():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    start, end = reproduce.readme_markers(REPO / "docs" / "results" / "default" / reproduce.README_TABLE)
+    block = text.split(start, 1)[1].split(end, 1)[0]
+    assert block.strip() == (REPO / "docs" / "results" / "default" / reproduce.README_TABLE).read_text().strip()
+    assert "| FedSelect |" in block
+
+
+def test_every_result_table_of_the_docs_is_an_included_file_with_its_provenance():
+    pages = [p for p in (REPO / "docs").rglob("*.md") if "results" not in p.relative_to(REPO / "docs").parts]
+    included = {m for p in pages for m in INCLUDE.findall(p.read_text())}
+    folders = sorted(p for p in (REPO / "docs" / "results").iterdir() if p.is_dir())
+    for folder in folders:
+        assert (folder / "provenance.md").exists(), f"{folder} has no provenance.md"
+        tables = [f"results/{folder.name}/{t.name}" for t in folder.glob("*.md")]
+        assert set(tables) <= included, f"files of {folder} that no page includes: {set(tables) - included}"
+    # a study page's results are files: a table row with a mean ± std cell is not typed into a page
+    typed = [(p.name, line) for p in pages for line in p.read_text().splitlines()
+             if line.startswith("|") and re.search(r"\d ± \d", line) and p.parent.name == "studies"]
+    assert not typed, f"result rows typed into study pages: {typed[:3]}"
+
+
+def test_every_recipe_folder_regenerates_from_named_sweeps():
+    for name, recipe in reproduce.RECIPES.items():
+        assert name == "claims" or recipe.sweeps, name
+        for sweep, script, args in recipe.sweeps:
+            assert (REPO / "sweeps" / script).exists() and "--name" not in args and sweep
+    made = {p.name for p in (REPO / "docs" / "results").iterdir() if p.is_dir()}
+    recipes_made = made & set(reproduce.RECIPES)
+    assert "default" in recipes_made
+    for name in recipes_made:
+        provenance = (REPO / "docs" / "results" / name / "provenance.md").read_text()
+        assert f"bash scripts/reproduce.sh {name}" in provenance, name    # archived ones too: it reruns them
+    for name in made - set(reproduce.RECIPES) - {"parity"}:   # the others are archived, and say so
+        assert "(archived)" in (REPO / "docs" / "results" / name / "provenance.md").read_text(), name
+
+
+def test_reproduce_refuses_bad_input_with_one_line(capsys):
+    assert reproduce.main(["nope"]) == 2
+    assert "unknown recipe 'nope'; choose from default," in capsys.readouterr().err
+    assert reproduce.main(["default", "--check", "--tables-only"]) == 2
+    assert "--check runs the sweeps" in capsys.readouterr().err
+
+
+def test_reproduce_check_names_every_difference(tmp_path):
+    fresh, committed = tmp_path / "fresh", tmp_path / "committed"
+    fresh.mkdir(), committed.mkdir()
+    (fresh / "methods.md").write_text("| a |\n|---|\n| 1.0 ± 0.1 |\n")
+    (committed / "methods.md").write_text("| a |\n|---|\n| 1.0 ± 0.1 |\n")
+    (committed / "provenance.md").write_text("made somewhere\n")
+    assert reproduce.check(fresh, committed) == []
+    (fresh / "methods.md").write_text("| a |\n|---|\n| 1.1 ± 0.1 |\n")
+    (fresh / "grid.md").write_text("new\n")
+    (committed / "limit.md").write_text("old\n")
+    problems = "\n".join(reproduce.check(fresh, committed))
+    assert len(reproduce.check(fresh, committed)) == 3
+    assert "-| 1.0 ± 0.1 |" in problems and "+| 1.1 ± 0.1 |" in problems
+    assert "grid.md is not committed" in problems and "limit.md was not regenerated" in problems
+
+
+def test_reproduce_copies_the_table_into_the_readme_block(tmp_path):
+    table = tmp_path / "methods.md"
+    table.write_text("| Method | x |\n|---|---|\n| FedSelect | 1 |\n")
+    readme = tmp_path / "README.md"
+    start, end = reproduce.readme_markers(table)
+    readme.write_text(f"intro\n{start}\nold\n{end}\noutro\n")
+    assert reproduce.sync_readme(table, readme) is True
+    assert readme.read_text() == f"intro\n{start}\n| Method | x |\n|---|---|\n| FedSelect | 1 |\n{end}\noutro\n"
+    assert reproduce.sync_readme(table, readme) is False
