@@ -207,8 +207,9 @@ def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, 
     (out / "provenance.md").write_text("\n".join(lines) + "\n")
 
 
-def sync_readme(table: Path, readme: Path = README) -> bool:
+def sync_readme(table: Path, readme: Path | None = None) -> bool:
     """Replace the README's generated block with `table`; True when it changed."""
+    readme = readme or README
     text = readme.read_text()
     start, end = readme_markers(table)
     if start not in text or end not in text:
@@ -305,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
     write_provenance(args.name, recipe, shown_commands, committed, ran, seconds)
     for path in written:
-        print(f"[reproduce] wrote {path.relative_to(ROOT)}")
+        print(f"[reproduce] wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     if args.name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):
-        print(f"[reproduce] README table updated from docs/results/default/{README_TABLE}")
+        print(f"[reproduce] README table updated from {committed / README_TABLE}")
     return 0
 
 

@@ -111,3 +111,30 @@ def test_reproduce_copies_the_table_into_the_readme_block(tmp_path):
     assert reproduce.sync_readme(table, readme) is True
     assert readme.read_text() == f"intro\n{start}\n| Method | x |\n|---|---|\n| FedSelect | 1 |\n{end}\noutro\n"
     assert reproduce.sync_readme(table, readme) is False
+
+
+def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tmp_path, monkeypatch):
+    """--tables-only on a finished sweep: the Markdown tables and figures analysis writes land in
+    docs/results/NAME (here a temporary one) with provenance.md, the README block follows the
+    methods table, and a second tabulation of the same sweep is identical (what --check compares)."""
+    from table_helpers import write_sweep
+
+    results = tmp_path / "results"
+    write_sweep(results / "fedselect-grid")
+    docs = tmp_path / "docs-results"
+    readme = tmp_path / "README.md"
+    start, end = reproduce.readme_markers(docs / "default" / reproduce.README_TABLE)
+    readme.write_text(f"top\n{start}\n{end}\n")
+    monkeypatch.setattr(reproduce, "DOCS_RESULTS", docs)
+    monkeypatch.setattr(reproduce, "README", readme)
+    assert reproduce.main(["default", "--tables-only", "--results", str(results), "--ran-at", "abc1234"]) == 0
+    made = {p.name for p in (docs / "default").iterdir()}
+    assert {"methods.md", "provenance.md", "accuracy_vs_round.png"} <= made
+    provenance = (docs / "default" / "provenance.md").read_text()
+    assert "bash scripts/reproduce.sh default" in provenance and "Sweeps run: abc1234." in provenance
+    assert "python sweeps/fedselect_grid.py --name fedselect-grid" in provenance
+    table = (docs / "default" / "methods.md").read_text()
+    assert table.startswith("| Method |") and table.strip() in readme.read_text()
+    again = reproduce.tabulate("default", reproduce.RECIPES["default"], results, tmp_path / "again")
+    assert reproduce.check(tmp_path / "again", docs / "default") == [] and again
+    assert reproduce.main(["default", "--results", str(results)]) == 2   # a sweep folder is never overwritten
