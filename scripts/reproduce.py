@@ -173,6 +173,10 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
     if recipe.figures:
         fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
     with tempfile.TemporaryDirectory() as tmp:
+        verdicts = study_claims(folders)
+        if verdicts is not None:
+            (Path(tmp) / "claims.md").write_text(verdicts)
+            fresh.append(Path(tmp) / "claims.md")
         for module, report, plot in recipe.reports:
             args = [*map(str, folders), "--markdown", "--out", f"{tmp}/{report}"]
             if plot:
@@ -181,6 +185,17 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
                 raise SystemExit(f"error: python -m {module} failed")
             fresh += [Path(tmp) / report] + ([Path(tmp) / plot] if plot else [])
         return replace_files(out, fresh)
+
+
+def study_claims(folders: list[Path]) -> str | None:
+    """The papers' claims these sweeps test, with their verdicts (analysis.claims), as Markdown;
+    None when they test none."""
+    from analysis.claims import NOT_RUN, check_claims
+    from analysis.claims import to_markdown as claims_markdown
+
+    table = check_claims(folders)
+    table = table[table["verdict"] != NOT_RUN]   # claims of other studies, or whose methods these sweeps lack
+    return claims_markdown(table) if not table.empty else None
 
 
 def replace_files(out: Path, fresh: list[Path]) -> list[Path]:
