@@ -84,6 +84,10 @@ def test_reproduce_refuses_bad_input_with_one_line(capsys):
     assert "unknown recipe 'nope'; choose from default," in capsys.readouterr().err
     assert reproduce.main(["default", "--check", "--tables-only"]) == 2
     assert "--check runs the sweeps" in capsys.readouterr().err
+    assert reproduce.main(["default", "--ran-at", "abc"]) == 2
+    assert "--ran-at names the commit of sweeps run earlier" in capsys.readouterr().err
+    assert reproduce.main(["baselines-fmnist", "--data-root", "/nowhere/at/all"]) == 2
+    assert "data root '/nowhere/at/all' is not a folder" in capsys.readouterr().err
 
 
 def test_reproduce_check_names_every_difference(tmp_path):
