@@ -13,7 +13,8 @@ Benjamini-Hochberg within the table):
                 not hold; neither: inconclusive (no significant difference)
     best        A is the only bold cell (every other cell significantly worse than it): holds; A
                 bold with others (ties within noise): inconclusive; A not bold: does not hold.
-                Methods the paper itself calls comparable to A (`tied`) may be bold beside it
+                Methods the paper itself calls comparable to A (`tied`) may be bold beside it; a
+                table with nothing but A and those is not run (there is nothing to beat)
     ref_best    the reference is the only bold cell of the column: holds; bold with others:
                 inconclusive; not bold: does not hold
     less_mb     A's busiest node carries less traffic over the run than B's (MB, mean over the
@@ -143,6 +144,9 @@ def judge(claim: Claim, summary: pd.DataFrame, column: str, mb: pd.Series | None
             f"{test['test']}, {int(test['pairs'])} pairs, p = {test['p_adjusted']:.2g} (BH-adjusted)"
         return {"ours": ours, "verdict": verdict, "test": detail}
     bold = part.drop_duplicates("row").set_index("row")["bold"].astype(bool)
+    if not [r for r in bold.index if r != target and r not in claim.tied]:   # a sweep of A (and its peers) only
+        return {"ours": ours, "verdict": NOT_RUN,
+                "test": "nothing else to beat in the table" + (f" (only {', '.join(claim.tied)})" if claim.tied else "")}
     others = [r for r in bold.index if r != target and bold[r] and r not in claim.tied]
     verdict = FAILS if not bold.get(target, False) else (UNSURE if others else HOLDS)
     tied = [r for r in claim.tied if bold.get(r, False)]

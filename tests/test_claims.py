@@ -41,6 +41,8 @@ def test_best_needs_the_only_bold_cell():
     assert got["verdict"] == HOLDS and "comparable: T" in got["test"]
     assert judge(comparable, summary({"A": (0.9, True), "T": (0.9, True), "C": (0.89, True)}, {}),
                  COLUMN)["verdict"] == UNSURE
+    alone = judge(comparable, summary({"A": (0.9, True), "T": (0.8, False)}, {}), COLUMN)   # no other baseline ran
+    assert alone["verdict"] == NOT_RUN and alone["test"] == "nothing else to beat in the table (only T)"
     ref = Claim("P", "ref is best", "", ("s",), "ablation", "ref_best", reference="G")
     cells = summary({"G": (0.9, True), "L": (0.7, False)}, {}, reference="G", table="ablation")
     assert judge(ref, cells, COLUMN)["verdict"] == HOLDS
