@@ -2,9 +2,9 @@
 
 Each method lives in one file: its class (hooks on `base.Algorithm`) and its own knobs (a
 `MethodParams` dataclass, the class's `Params`), in this package, except FedL2P and L2P, which
-live beside their building blocks in `fl_core.fedl2p` (`algorithm.py`, `l2p.py`). A module is imported only when a run
-(or a CLI, or a config check) needs that method, and this file imports no torch, so that
-`fl_core.config` can list the methods cheaply.
+live beside their building blocks in `fl_core.fedl2p` (`algorithm.py`, `l2p.py`). A module is
+imported only when a run (or a CLI, or a config check) needs that method, and this file imports
+no torch, so that `fl_core.config` can list the methods cheaply.
 """
 from __future__ import annotations
 
