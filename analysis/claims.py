@@ -145,8 +145,8 @@ def judge(claim: Claim, summary: pd.DataFrame, column: str, mb: pd.Series | None
         return {"ours": ours, "verdict": verdict, "test": detail}
     bold = part.drop_duplicates("row").set_index("row")["bold"].astype(bool)
     if not [r for r in bold.index if r != target and r not in claim.tied]:   # a sweep of A (and its peers) only
-        return {"ours": ours, "verdict": NOT_RUN,
-                "test": "nothing else to beat in the table" + (f" (only {', '.join(claim.tied)})" if claim.tied else "")}
+        peers = f" (only {', '.join(claim.tied)})" if claim.tied else ""
+        return {"ours": ours, "verdict": NOT_RUN, "test": f"nothing else to beat in the table{peers}"}
     others = [r for r in bold.index if r != target and bold[r] and r not in claim.tied]
     verdict = FAILS if not bold.get(target, False) else (UNSURE if others else HOLDS)
     tied = [r for r in claim.tied if bold.get(r, False)]

@@ -73,6 +73,6 @@ RECIPES: dict[str, Recipe] = {
     "claims": Recipe("the papers' claims, checked on every Fashion-MNIST sweep above that is in --results "
                      "(python -m analysis.claims)", (), figures=False),
 }
-CLAIMS_FROM = ("fedselect-grid-fmnist", "baselines-fmnist", "ablation-fmnist", "dispfl-fmnist", "feature-shift-fmnist",
-               "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c01", "perfedmask-fmnist-c1-100",
-               "fedl2p-fmnist")
+CLAIMS_FROM = ("fedselect-grid-fmnist", "baselines-fmnist", "ablation-fmnist", "dispfl-fmnist",
+               "feature-shift-fmnist", "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c01",
+               "perfedmask-fmnist-c1-100", "fedl2p-fmnist")

@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: the regenerated tables of {args.name!r} differ from docs/results/{args.name} "
                       f"(commit the new ones with: bash scripts/reproduce.sh {args.name})", file=sys.stderr)
                 return 1
-            print(f"[reproduce] {len(list(out.glob('*.md')))} tables regenerated, identical to docs/results/{args.name}")
+            count = len(list(out.glob("*.md")))
+            print(f"[reproduce] {count} tables regenerated, identical to docs/results/{args.name}")
             return 0
     shown_commands = [shown(cmd) for cmd in commands]
     ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
