@@ -44,9 +44,10 @@ def git(*args: str) -> str:
 
 
 def commit_label() -> str:
-    """HEAD's short hash, with `+changes` when the work tree differs from it."""
+    """HEAD's short hash, with `+changes` when the work tree differs from it (outside docs/results/,
+    which this script writes)."""
     head = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
     return f"{head}+changes" if dirty and dirty != "unknown" else head
 
 
