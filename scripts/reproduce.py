@@ -86,24 +86,23 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
     if missing or not folders:
         raise SystemExit(f"error: no sweep results in {', '.join(missing) or results}; "
                          "run the recipe without --tables-only")
-    fresh: list[Path] = []
     if name == "claims":
-        from analysis.claims import main as claims
         for folder in folders:   # the verdicts read each sweep's tables/summary.parquet: refresh them
             build_tables([folder])
-        with tempfile.TemporaryDirectory() as tmp:
-            if claims([*map(str, folders), "--markdown", "--out", f"{tmp}/claims.md"]) != 0:
-                raise SystemExit("error: python -m analysis.claims failed")
-            fresh.append(Path(tmp) / "claims.md")
-            return replace_files(out, fresh)
-    fresh += [tex.with_suffix(".md") for tex in build_tables(folders, recipe.table, markdown=True).values()]
-    if recipe.figures:
-        fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
+        fresh, written = [], {"claims.md": claims_table(folders, keep_not_run=True)}
+    else:
+        fresh = [tex.with_suffix(".md") for tex in build_tables(folders, recipe.table, markdown=True).values()]
+        if recipe.figures:
+            fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
+        # build_tables keeps the statistics of the table it pooled from all the recipe's sweeps in the
+        # first sweep's tables/summary.parquet: judge the claims there, once (the other sweeps' own
+        # summaries would judge the same cells again, under other corrections)
+        verdicts = claims_table(folders[:1], keep_not_run=False)
+        written = {"claims.md": verdicts} if verdicts is not None else {}
     with tempfile.TemporaryDirectory() as tmp:
-        verdicts = study_claims(folders)
-        if verdicts is not None:
-            (Path(tmp) / "claims.md").write_text(verdicts)
-            fresh.append(Path(tmp) / "claims.md")
+        for file, text in written.items():
+            (Path(tmp) / file).write_text(text)
+            fresh.append(Path(tmp) / file)
         for module, report, plot in recipe.reports:
             args = [*map(str, folders), "--markdown", "--out", f"{tmp}/{report}"]
             if plot:
@@ -114,14 +113,15 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
         return replace_files(out, fresh)
 
 
-def study_claims(folders: list[Path]) -> str | None:
-    """The papers' claims these sweeps test, with their verdicts (analysis.claims), as Markdown;
-    None when they test none."""
+def claims_table(folders: list[Path], keep_not_run: bool) -> str | None:
+    """The papers' claims checked on these sweeps (analysis.claims) as Markdown: every claim (the
+    claims page), or only those the sweeps test (a study's folder; None when they test none)."""
     from analysis.claims import NOT_RUN, check_claims
     from analysis.claims import to_markdown as claims_markdown
 
     table = check_claims(folders)
-    table = table[table["verdict"] != NOT_RUN]   # claims of other studies, or whose methods these sweeps lack
+    if not keep_not_run:
+        table = table[table["verdict"] != NOT_RUN]   # claims of other studies, or whose methods these sweeps lack
     return claims_markdown(table) if not table.empty else None
 
 

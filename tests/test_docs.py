@@ -142,3 +142,28 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     again = reproduce.tabulate("default", reproduce.RECIPES["default"], results, tmp_path / "again")
     assert reproduce.check(tmp_path / "again", docs / "default") == [] and again
     assert reproduce.main(["default", "--results", str(results)]) == 2   # a sweep folder is never overwritten
+
+
+def test_a_recipe_of_several_sweeps_judges_its_claims_once_on_the_pooled_table(tmp_path, monkeypatch):
+    """build_tables keeps the statistics of the table it pooled from all of a recipe's sweeps in
+    the first sweep's summary; judging every sweep would count the same cells twice."""
+    import pandas as pd
+    from table_helpers import write_sweep
+
+    import analysis.claims
+
+    results = tmp_path / "results"
+    recipe = reproduce.RECIPES["baselines-pfl"]
+    for sweep, _, _ in recipe.sweeps:
+        write_sweep(results / sweep)
+    judged = []
+
+    def check_claims(folders):
+        judged.append(list(folders))
+        return pd.DataFrame({"paper": ["P"], "claim": ["c"], "paper_number": [""], "study": ["s"],
+                             "setting": [""], "ours": [""], "verdict": ["holds"], "test": [""]})
+
+    monkeypatch.setattr(analysis.claims, "check_claims", check_claims)
+    reproduce.tabulate("baselines-pfl", recipe, results, tmp_path / "out")
+    assert judged == [[results / recipe.sweeps[0][0]]]
+    assert (tmp_path / "out" / "claims.md").read_text().count("| P |") == 1
