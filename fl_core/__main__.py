@@ -11,11 +11,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
+from .kernels import OPT_OUT, KernelError, machine_isa, pin_from_argv, require
 
-from .config import ConfigError, RunConfig, add_run_arguments, split_run_arguments
-from .data import DataError
-from .results import results_problem
+pin_from_argv(sys.argv[1:])  # before torch loads (the imports below load it): see fl_core/kernels.py
+
+import pandas as pd  # noqa: E402
+
+from .config import ConfigError, RunConfig, add_run_arguments, split_run_arguments  # noqa: E402
+from .data import DataError  # noqa: E402
+from .results import results_problem  # noqa: E402
 
 EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --partition shards "
            "--shards-per-client 2 --num-clients 10 --rounds 20 --pers-rate 0.25 --pers-limit 0.8 "
@@ -30,12 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", type=Path, default=None,
                         help="output folder for rounds.parquet and clients.parquet "
                              "(default: results/runs/<algorithm>-<config hash>)")
+    parser.add_argument(OPT_OUT, dest="reproducible", action="store_false",
+                        help="run the CPU's own kernels (faster on AVX-512 CPUs) instead of the reproducible mode, "
+                             "which pins them so that any x86-64 CPU with AVX2 gives the same numbers (column kernels)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     results_dir = args.pop("results")
+    reproducible = args.pop("reproducible")
     try:
         common, method = split_run_arguments(args)
         config = RunConfig(**common, **method)
@@ -44,28 +52,29 @@ def main(argv: list[str] | None = None) -> int:
         if unusable:
             raise ConfigError(unusable)
         from .simulation import Simulation  # heavy imports only after the arguments are valid
+        kernels = require(reproducible)
         sim = Simulation(config)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, KernelError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        return _run(sim, results_dir)
+        return _run(sim, results_dir, kernels)
     except OSError as err:  # a full disk, a folder made read-only meanwhile: every earlier write is intact
         print(f"error: could not write to {results_dir}: {err.strerror or err}; the rounds written before are "
               f"kept in {results_dir / 'rounds.parquet'}", file=sys.stderr)
         return 2
 
 
-def _run(sim, results_dir: Path) -> int:
+def _run(sim, results_dir: Path, kernels: str) -> int:
     from .results import client_rows, round_rows, summarize_round, write_parquet
 
     config = sim.config
     write_parquet(pd.DataFrame(client_rows(sim.data, config)), results_dir / "clients.parquet")
     print(f"{config.label()} on {config.dataset} ({config.partition}, {config.num_clients} clients, "
-          f"model {sim.model_name}, config {config.config_hash()})", flush=True)
+          f"model {sim.model_name}, config {config.config_hash()}; kernels {kernels})", flush=True)
     rows, total, last = [], 0.0, None
     for result in sim.run():
-        new = round_rows(result, config, sim.model_name)
+        new = round_rows(result, config, sim.model_name, kernels=kernels, cpu_isa=machine_isa())
         rows.extend(new)
         write_parquet(pd.DataFrame(rows), results_dir / "rounds.parquet")
         summary = summarize_round(pd.DataFrame(new))

@@ -239,7 +239,7 @@ def _missing(value: Any) -> bool:
 
 # ---------------------------------------------------------------------------- rows
 # Columns a caller may add to rows besides config and numbers (`round_rows(..., **context)`).
-ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", "model"})
+ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", "model", "kernels", "cpu_isa"})
 CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key"})
 
 

@@ -136,7 +136,7 @@ def replace_files(out: Path, fresh: list[Path]) -> list[Path]:
 
 
 def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, ran: str | None,
-                     seconds: float | None) -> None:
+                     seconds: float | None, kernels: str) -> None:
     lines = [f"**`docs/results/{name}`**: {recipe.about}. Regenerate: `bash scripts/reproduce.sh {name}`, "
              "which runs:", ""]
     lines += [f"    {c}" for c in commands]
@@ -146,6 +146,7 @@ def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, 
         lines.append(f"Sweeps run at commit {ran} in {seconds / 60:.0f} min (this machine).")
     elif ran:
         lines.append(f"Sweeps run: {ran}.")
+    lines.append(f"The trials ran {kernels} (fl_core/kernels.py; `not recorded`: before the columns existed).")
     (out / "provenance.md").write_text("\n".join(lines) + "\n")
 
 
@@ -170,7 +171,8 @@ def readme_markers(table: Path) -> tuple[str, str]:
 
 
 def check(out_new: Path, committed: Path) -> list[str]:
-    """The differences between freshly written tables and the committed ones (Markdown tables only)."""
+    """The differences between freshly written tables and the committed ones (Markdown tables only):
+    each differing cell by file, row and column where the tables have the same shape, else a diff."""
     problems = []
     for fresh in sorted(out_new.glob("*.md")):
         if fresh.name == "provenance.md":
@@ -180,13 +182,53 @@ def check(out_new: Path, committed: Path) -> list[str]:
             problems.append(f"{old} is not committed")
             continue
         if fresh.read_text() != old.read_text():
-            diff = difflib.unified_diff(old.read_text().splitlines(), fresh.read_text().splitlines(),
-                                        str(old), "regenerated", lineterm="")
-            problems.append("\n".join(diff))
+            cells = cell_differences(old.read_text(), fresh.read_text())
+            if cells is not None:
+                problems += [f"{fresh.name}: {cell}" for cell in cells]
+            else:
+                diff = difflib.unified_diff(old.read_text().splitlines(), fresh.read_text().splitlines(),
+                                            str(old), "regenerated", lineterm="")
+                problems.append("\n".join(diff))
     for old in sorted(committed.glob("*.md")):
         if old.name != "provenance.md" and not (out_new / old.name).exists():
             problems.append(f"{old} was not regenerated")
     return problems
+
+
+def cell_differences(old: str, new: str) -> list[str] | None:
+    """'row R, column C: committed X, regenerated Y' for each differing cell of two Markdown files
+    whose lines differ only inside table rows of the same number of cells (None otherwise; a
+    caption that differs is reported as a line)."""
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    if len(old_lines) != len(new_lines):
+        return None
+    found, header = [], []
+    for a, b in zip(old_lines, new_lines):
+        if a.startswith("|") and a.count("|") == b.count("|"):
+            cells_a, cells_b = a.strip("|").split("|"), b.strip("|").split("|")
+            header = cells_a if not header else header
+            found += [f"row {cells_a[0].strip()!r}, column {header[k].strip()!r}: committed {x.strip()}, "
+                      f"regenerated {y.strip()}" for k, (x, y) in enumerate(zip(cells_a, cells_b)) if x != y]
+        else:
+            header = []
+            if a != b:
+                found.append(f"the line {a[:80]!r}... now reads {b[:80]!r}...")
+    return found
+
+
+def kernels_used(results: Path, recipe: Recipe) -> str:
+    """The kernels the recipe's trials ran and the instruction sets of the CPUs they ran on (the
+    trials' columns kernels and cpu_isa)."""
+    import pandas as pd
+
+    seen = set()
+    for sweep, _, _ in recipe.sweeps:
+        path = results / sweep / "trials.parquet"
+        if path.exists():
+            trials = pd.read_parquet(path)
+            if {"kernels", "cpu_isa"} <= set(trials.columns):
+                seen |= set(zip(trials.kernels.fillna("not recorded"), trials.cpu_isa.fillna("not recorded")))
+    return "; ".join(f"kernels {k} on a CPU with {isa}" for k, isa in sorted(seen)) or "not recorded"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,17 +287,19 @@ def main(argv: list[str] | None = None) -> int:
         written = tabulate(args.name, recipe, results, out)
         if args.check:
             problems = check(out, committed)
+            print(f"[reproduce] the trials ran {kernels_used(results, recipe)}", flush=True)
             if problems:
                 print("\n".join(problems))
-                print(f"error: the regenerated tables of {args.name!r} differ from docs/results/{args.name} "
-                      f"(commit the new ones with: bash scripts/reproduce.sh {args.name})", file=sys.stderr)
+                print(f"error: {len(problems)} differences between the regenerated tables of {args.name!r} and "
+                      f"docs/results/{args.name}; the committed ones were made with the kernels their provenance.md "
+                      f"names (commit the new ones with: bash scripts/reproduce.sh {args.name})", file=sys.stderr)
                 return 1
             count = len(list(out.glob("*.md")))
             print(f"[reproduce] {count} tables regenerated, identical to docs/results/{args.name}")
             return 0
     shown_commands = [shown(cmd) for cmd in commands]
     ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
-    write_provenance(args.name, recipe, shown_commands, committed, ran, seconds)
+    write_provenance(args.name, recipe, shown_commands, committed, ran, seconds, kernels_used(results, recipe))
     for path in written:
         print(f"[reproduce] wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     if args.name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):

@@ -21,6 +21,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 if __name__ == "__main__":  # a signal from here until the sweep starts: one line, its exit status
     from sweeps.interrupts import while_starting
     while_starting()
+    from fl_core.kernels import pin_from_argv
+    pin_from_argv(sys.argv[1:])  # the reproducible mode, before torch loads (fl_core/kernels.py)
 
 from sweeps.spec import STUDIES  # noqa: E402
 from sweeps.study import Study, run_study  # noqa: E402

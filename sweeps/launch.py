@@ -22,9 +22,11 @@ from typing import Any
 
 import pandas as pd
 
+from fl_core import kernels
 from fl_core.data import load_data
 
 from . import damage, resources
+from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
@@ -68,6 +70,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
 
     if plan.args.resume:  # damaged files are set aside and their trials run again (sweeps/damage.py)
         damage.set_aside(plan.folder, say=lambda line: print(line, flush=True))
+    print(f"[sweep] kernels: {kernel_line(plan.args.reproducible)}", flush=True)
     # Data once per distinct data spec, on the driver (a missing file fails here, before Ray starts).
     datasets: dict[str, Any] = {}
     for config in data_configs(plan.spec, list(plan.stages)):
@@ -87,7 +90,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
                 loopback_only()
             with guard.hold():  # a half-started Ray would outlive the driver
                 ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
-                         logging_level="WARNING", log_to_driver=True)
+                         logging_level="WARNING", log_to_driver=True, runtime_env=worker_env(plan.args))
                 guard.reinstall()
         request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
@@ -100,6 +103,27 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
         if started_ray:
             with guard.hold(then_raise=False):
                 ray.shutdown()
+
+
+def kernel_line(reproducible: bool) -> str:
+    """The driver's kernels (it loads the data), checked against the mode (fl_core/kernels.py): the
+    trials' workers inherit its environment, and check their own."""
+    try:
+        line = kernels.require(reproducible)
+    except kernels.KernelError as err:
+        raise SweepError(str(err)) from None
+    if not reproducible:
+        return f"{line} (the CPU's own: {kernels.OPT_OUT})"
+    reason = kernels.unavailable()
+    return f"{line} (reproducible mode unavailable: {reason})" if reason else f"{line} (reproducible mode)"
+
+
+def worker_env(args) -> dict | None:
+    """Ray's runtime environment for a cluster this driver joins (`--address`): its workers were not
+    started from this process, so the pins travel as environment variables of the job."""
+    if args.address is None or not args.reproducible or kernels.unavailable():
+        return None
+    return {"env_vars": dict(kernels.PINS)}
 
 
 def loopback_only() -> None:
@@ -124,7 +148,8 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     args, folder = plan.args, plan.folder
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, data_refs=refs, sweep_dir=str(folder), sweep=folder.name, resources=request,
-                             checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round),
+                             checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round,
+                             reproducible=args.reproducible),
         request.as_tune())
     TrialLedger.seen = {}
     stages, ran, repaired = list(plan.stages), [], []

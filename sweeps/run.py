@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a signal from here until the sweep starts: one line, its exit status
         from sweeps.interrupts import while_starting
         while_starting()
+        from fl_core.kernels import pin_from_argv
+        pin_from_argv(sys.argv[1:])  # the reproducible mode, before torch loads (fl_core/kernels.py)
     from sweeps.errors import SweepError
     from sweeps.study import run_study, study_of_file
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
+from fl_core.kernels import OPT_OUT
 from fl_core.results import results_problem
 
 from . import resources
@@ -41,7 +42,7 @@ from .stages import plan_stages
 
 NOT_FLAGS = ("algorithm", "device", "threads", "seed")   # seeds: --seeds
 RUNTIME = ("results", "name", "tracking_uri", "resume", "checkpoint_every", "verbose", "cpus_per_trial",
-           "gpus_per_trial", "address", "max_concurrent", "max_failures", "inject_crash_at_round")
+           "gpus_per_trial", "address", "max_concurrent", "max_failures", "reproducible", "inject_crash_at_round")
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
                      help=f"asha: stop poor configurations early, per data setting and method, on validation "
                           f"accuracy (default: {spec.scheduler})")
+    run.add_argument(OPT_OUT, dest="reproducible", action="store_false",
+                     help="run each CPU's own kernels (faster on AVX-512 CPUs) instead of the reproducible mode, "
+                          "which pins them so that any x86-64 CPU with AVX2 gives the same numbers; the trials' "
+                          "column `kernels` says which ran (default: reproducible)")
     run.add_argument("--inject-crash-at-round", type=int, default=None, help=argparse.SUPPRESS)  # test hook
     return parser
 
@@ -230,7 +235,11 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
         if extra:
             raise SweepError(f"--resume continues {folder.name} as it was planned (its study.toml); "
                              f"--{extra[0].replace('_', '-')} cannot change it; start a new sweep instead")
+        asked = args.reproducible
         args = load_args(folder, args, RUNTIME)
+        if args.reproducible != asked:  # the kernels were chosen from this command line, before torch loaded
+            raise SweepError(f"--resume: {folder.name} ran " + ("in the reproducible mode; resume it without "
+                             f"{OPT_OUT}" if args.reproducible else f"with {OPT_OUT}; resume it with {OPT_OUT} too"))
         spec = load_spec(folder / "study.toml")
     else:
         spec = resolved(study_spec(study, args))

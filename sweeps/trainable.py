@@ -51,6 +51,7 @@ import ray
 import torch
 from ray import tune
 
+from fl_core import kernels
 from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
 from fl_core.results import client_rows, mask_rows, round_rows, summarize_round
@@ -62,7 +63,7 @@ from .resources import TrialResources
 from .stages import OBJECTIVE, objective_of
 
 PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "threads", "config_hash",
-              "data_from_driver", "reported_at", "node_id")
+              "data_from_driver", "reported_at", "node_id", "kernels", "cpu_isa")
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -75,9 +76,12 @@ def checkpoints_folder(sweep_dir: str | Path) -> Path:
 
 
 def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: str, sweep: str,
-              resources: TrialResources, checkpoint_every: int = 1, crash_at_round: int | None = None) -> None:
-    """Tune function trainable (wrapped with `tune.with_parameters` by the launcher)."""
+              resources: TrialResources, checkpoint_every: int = 1, crash_at_round: int | None = None,
+              reproducible: bool = True) -> None:
+    """Tune function trainable (wrapped with `tune.with_parameters` by the launcher). `reproducible`:
+    the trial refuses to run unless its process runs the pinned kernels (fl_core/kernels.py)."""
     logging.getLogger("ray").setLevel(logging.WARNING)
+    kernel_line = kernels.require(reproducible)
     started_at = time.time()
     folder = Path(sweep_dir)
     use_cuda = resources.gpus > 0 and torch.cuda.is_available()
@@ -113,7 +117,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     provenance = {"resumed_from_round": sim.completed, "started_at": started_at,
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
                   "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
-                  "node_id": ray.get_runtime_context().get_node_id()}  # the Ray node the trial ran on (last run)
+                  "node_id": ray.get_runtime_context().get_node_id(),  # the Ray node the trial ran on (last run)
+                  "kernels": kernel_line, "cpu_isa": kernels.machine_isa()}
     selected_on = objective_of(run)
     stop_after = config.get("trial", config).get("stop_after")  # a repair run: to the round Tune saw last
     for result in sim.run():

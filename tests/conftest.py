@@ -7,12 +7,25 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from fl_core.config import RunConfig
+from fl_core import kernels
+
+kernels.pin()  # the reproducible mode for the suite and every process it starts, before torch loads
+
+import torch  # noqa: E402
+
+from fl_core.config import RunConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_report_header(config) -> str:
+    """The kernels the suite runs and the CPU's instruction sets: pinned numbers in the tests hold
+    on any x86-64 CPU with AVX2 because of the first (fl_core/kernels.py)."""
+    reason = kernels.unavailable()
+    mode = f"not pinned: {reason}" if reason else "reproducible mode"
+    return f"kernels: {kernels.describe()} ({mode}); CPU: {kernels.machine_isa()}"
 
 
 def tiny(**overrides) -> RunConfig:

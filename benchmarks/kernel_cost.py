@@ -1,0 +1,97 @@
+"""What the reproducible mode (fl_core/kernels.py) costs, per model: seconds of the same training
+steps and evaluation forwards with the pinned kernels over the CPU's own kernels.
+
+Each measurement is a fresh process (the kernels are chosen when torch loads), 1 torch thread;
+the two modes alternate, `--repeats` times each, and the ratio of the medians is printed. On a CPU
+whose best instruction set is AVX2 the two modes run the same ATen and oneDNN code (only MKL's
+branch differs); on an AVX-512 CPU the mode gives up AVX-512's speed for AVX2's bits.
+
+    .venv/bin/python benchmarks/kernel_cost.py                 # lenet (digits, 28x28), cnn2, resnet18
+    .venv/bin/python benchmarks/kernel_cost.py --models cnn2 --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fl_core import kernels  # noqa: E402  (no torch: this process only starts the measurements)
+
+# model name -> (input shape, training steps of batch 32; a third as many forwards of batch 256)
+CASES = {"lenet-digits": ("lenet", (1, 8, 8), 150), "lenet": ("lenet", (1, 28, 28), 60),
+         "cnn2": ("cnn2", (3, 32, 32), 30), "resnet18": ("resnet18", (3, 32, 32), 6)}
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {repo!r})
+import torch
+from torch.nn import functional as F
+from fl_core.models import build_model
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = build_model({model!r}, {shape!r}, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, *{shape!r}), torch.randint(0, 10, (32,))
+xe = torch.randn(256, *{shape!r})
+def work(steps):
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(max(1, steps // 3)):
+            model(xe)
+work(2)
+start = time.perf_counter()
+work({steps})
+print(time.perf_counter() - start, torch.backends.cpu.get_cpu_capability())
+"""
+
+
+def measure(case: str, reproducible: bool) -> tuple[float, str]:
+    model, shape, steps = CASES[case]
+    env = dict(os.environ)
+    for name in kernels.PINS:  # the CPU's own kernels, unless the mode pins them
+        env.pop(name, None)
+    if reproducible:
+        kernels.pin(env)
+    code = CHILD.format(repo=str(REPO), model=model, shape=shape, steps=steps)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    seconds, capability = out.stdout.split()
+    return float(seconds), capability
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    if (reason := kernels.unavailable()) is not None:
+        print(f"the reproducible mode is unavailable here: {reason}", file=sys.stderr)
+        return 2
+    print(f"CPU: {kernels.machine_isa()}; 1 thread; {args.repeats} alternating runs per mode")
+    print("| model | input | own kernels (s) | reproducible (s) | reproducible / own |")
+    print("|---|---|---|---|---|")
+    for case in args.models:
+        own, pinned, caps = [], [], set()
+        for _ in range(args.repeats):
+            for reproducible, store in ((False, own), (True, pinned)):
+                seconds, capability = measure(case, reproducible)
+                store.append(seconds)
+                caps.add(capability)
+        a, b = statistics.median(own), statistics.median(pinned)
+        model, shape, _ = CASES[case]
+        print(f"| {model} | {'x'.join(map(str, shape))} | {a:.3f} | {b:.3f} | {b / a:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
