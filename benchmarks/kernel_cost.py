@@ -8,6 +8,7 @@ branch differs); on an AVX-512 CPU the mode gives up AVX-512's speed for AVX2's 
 
     .venv/bin/python benchmarks/kernel_cost.py                 # lenet (digits, 28x28), cnn2, resnet18
     .venv/bin/python benchmarks/kernel_cost.py --models cnn2 --repeats 5
+    .venv/bin/python benchmarks/kernel_cost.py --out docs/results/kernels/cost.md   # the docs' table
 """
 from __future__ import annotations
 
@@ -52,11 +53,11 @@ def work(steps):
 work(2)
 start = time.perf_counter()
 work({steps})
-print(time.perf_counter() - start, torch.backends.cpu.get_cpu_capability())
+print(time.perf_counter() - start)
 """
 
 
-def measure(case: str, reproducible: bool) -> tuple[float, str]:
+def measure(case: str, reproducible: bool) -> float:
     model, shape, steps = CASES[case]
     env = dict(os.environ)
     for name in kernels.PINS:  # the CPU's own kernels, unless the mode pins them
@@ -65,31 +66,46 @@ def measure(case: str, reproducible: bool) -> tuple[float, str]:
         kernels.pin(env)
     code = CHILD.format(repo=str(REPO), model=model, shape=shape, steps=steps)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    seconds, capability = out.stdout.split()
-    return float(seconds), capability
+    return float(out.stdout.split()[0])
+
+
+def own_kernels() -> str:
+    """ATen's capability without the pins (what this CPU's own kernels are)."""
+    env = {k: v for k, v in os.environ.items() if k not in kernels.PINS}
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    return "ATen " + subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table (Markdown) to this file")
     args = parser.parse_args(argv)
     if (reason := kernels.unavailable()) is not None:
         print(f"the reproducible mode is unavailable here: {reason}", file=sys.stderr)
         return 2
-    print(f"CPU: {kernels.machine_isa()}; 1 thread; {args.repeats} alternating runs per mode")
-    print("| model | input | own kernels (s) | reproducible (s) | reproducible / own |")
-    print("|---|---|---|---|---|")
+    lines = ["| model | input | training steps | own kernels (s) | reproducible (s) | reproducible / own |",
+             "|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for case in args.models:
-        own, pinned, caps = [], [], set()
+        own, pinned = [], []
         for _ in range(args.repeats):
-            for reproducible, store in ((False, own), (True, pinned)):
-                seconds, capability = measure(case, reproducible)
-                store.append(seconds)
-                caps.add(capability)
+            own.append(measure(case, False))
+            pinned.append(measure(case, True))
         a, b = statistics.median(own), statistics.median(pinned)
-        model, shape, _ = CASES[case]
-        print(f"| {model} | {'x'.join(map(str, shape))} | {a:.3f} | {b:.3f} | {b / a:.2f} |", flush=True)
+        model, shape, steps = CASES[case]
+        lines.append(f"| {model} | {'x'.join(map(str, shape))} | {steps} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+        print(lines[-1], flush=True)
+    caption = (f"Seconds for the training steps (batch 32) and a third as many evaluation forwards (batch 256), "
+               f"median of {args.repeats} fresh processes "
+               f"per mode, alternating, 1 torch thread; CPU: {kernels.machine_isa()}; own kernels: "
+               f"{own_kernels()}.")
+    print(caption)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n\n" + caption + "\n")
     return 0
 
 

@@ -91,19 +91,25 @@ def test_reproduce_refuses_bad_input_with_one_line(capsys):
 
 
 def test_reproduce_check_names_every_difference(tmp_path):
+    """Each differing cell by file, row and column; a file of another shape as a diff."""
     fresh, committed = tmp_path / "fresh", tmp_path / "committed"
     fresh.mkdir(), committed.mkdir()
-    (fresh / "methods.md").write_text("| a |\n|---|\n| 1.0 ± 0.1 |\n")
-    (committed / "methods.md").write_text("| a |\n|---|\n| 1.0 ± 0.1 |\n")
+    table = "| Method | Dir(0.1) | Dir(0.5) |\n|---|---|---|\n| FedAvg | 29.2 ± 8.9 | 51.5 ± 16.3 |\n\nCaption.\n"
+    (fresh / "methods.md").write_text(table)
+    (committed / "methods.md").write_text(table)
     (committed / "provenance.md").write_text("made somewhere\n")
     assert reproduce.check(fresh, committed) == []
-    (fresh / "methods.md").write_text("| a |\n|---|\n| 1.1 ± 0.1 |\n")
+    (fresh / "methods.md").write_text(table.replace("29.2 ± 8.9", "29.2 ± 9.1").replace("Caption", "Other"))
     (fresh / "grid.md").write_text("new\n")
+    (committed / "grid.md").write_text("old\nlines\n")
     (committed / "limit.md").write_text("old\n")
-    problems = "\n".join(reproduce.check(fresh, committed))
-    assert len(reproduce.check(fresh, committed)) == 3
-    assert "-| 1.0 ± 0.1 |" in problems and "+| 1.1 ± 0.1 |" in problems
-    assert "grid.md is not committed" in problems and "limit.md was not regenerated" in problems
+    (fresh / "convergence.md").write_text("x\n")
+    problems = reproduce.check(fresh, committed)
+    assert problems[0] == f"{committed / 'convergence.md'} is not committed"
+    assert "-old" in problems[1] and "+new" in problems[1]   # grid.md: other lines, a diff
+    assert problems[2:4] == ["methods.md: row 'FedAvg', column 'Dir(0.1)': committed 29.2 ± 8.9, regenerated 29.2 ± 9.1",
+                             "methods.md: the line 'Caption.'... now reads 'Other.'..."]
+    assert problems[4:] == [f"{committed / 'limit.md'} was not regenerated"]
 
 
 def test_reproduce_copies_the_table_into_the_readme_block(tmp_path):

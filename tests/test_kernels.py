@@ -11,9 +11,10 @@ import pytest
 
 from fl_core import kernels
 
-from conftest import REPO
+from conftest import NATIVE, REPO
 
 needs_mode = pytest.mark.skipif(kernels.unavailable() is not None, reason=f"{kernels.unavailable()}")
+suite_in_mode = pytest.mark.skipif(NATIVE or kernels.unavailable() is not None, reason="the suite runs native kernels")
 
 RUN = ["--algorithm", "fedavg", "--dataset", "digits", "--partition", "dirichlet", "--dir-alpha", "0.1",
        "--num-clients", "4", "--rounds", "3", "--local-epochs", "2", "--seed", "1", "--threads", "1"]
@@ -91,7 +92,7 @@ def test_a_process_that_loaded_its_kernels_before_the_pins_is_refused_with_the_w
     assert last.endswith(f"or pass {kernels.OPT_OUT} for the CPU's own kernels")
 
 
-@needs_mode
+@suite_in_mode
 def test_the_suite_itself_runs_in_the_mode():
     """conftest.py pins before torch loads: every pinned number in the tests rounds the same way on
     any x86-64 CPU with AVX2."""
