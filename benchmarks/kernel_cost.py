@@ -4,7 +4,9 @@ steps and evaluation forwards with the pinned kernels over the CPU's own kernels
 Each measurement is a fresh process (the kernels are chosen when torch loads), 1 torch thread;
 the two modes alternate, `--repeats` times each, and the ratio of the medians is printed. On a CPU
 whose best instruction set is AVX2 the two modes run the same ATen and oneDNN code (only MKL's
-branch differs); on an AVX-512 CPU the mode gives up AVX-512's speed for AVX2's bits.
+branch differs); on an AVX-512 CPU the mode gives up AVX-512's speed for AVX2's bits. A third
+column runs ATen and oneDNN at AVX2 with MKL's own branch: what a CPU whose best is AVX2 runs
+without the mode, so its ratio is the mode's cost there (MKL's pinned branch only).
 
     .venv/bin/python benchmarks/kernel_cost.py                 # lenet (digits, 28x28), cnn2, resnet18
     .venv/bin/python benchmarks/kernel_cost.py --models cnn2 --repeats 5
@@ -57,13 +59,19 @@ print(time.perf_counter() - start)
 """
 
 
-def measure(case: str, reproducible: bool) -> float:
+AVX2_OWN = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # an AVX2 CPU's own, but MKL's
+
+
+def measure(case: str, mode: str) -> float:
+    """Seconds of the case in a fresh process; mode: own, avx2 (AVX2_OWN) or reproducible."""
     model, shape, steps = CASES[case]
     env = dict(os.environ)
     for name in kernels.PINS:  # the CPU's own kernels, unless the mode pins them
         env.pop(name, None)
-    if reproducible:
+    if mode == "reproducible":
         kernels.pin(env)
+    elif mode == "avx2":
+        env.update(AVX2_OWN)
     code = CHILD.format(repo=str(REPO), model=model, shape=shape, steps=steps)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.split()[0])
@@ -86,21 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     if (reason := kernels.unavailable()) is not None:
         print(f"the reproducible mode is unavailable here: {reason}", file=sys.stderr)
         return 2
-    lines = ["| model | input | training steps | own kernels (s) | reproducible (s) | reproducible / own |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | input | training steps | own kernels (s) | AVX2, MKL's own (s) | reproducible (s) "
+             "| reproducible / own | reproducible / AVX2 |", "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for case in args.models:
-        own, pinned = [], []
+        seconds = {"own": [], "avx2": [], "reproducible": []}
         for _ in range(args.repeats):
-            own.append(measure(case, False))
-            pinned.append(measure(case, True))
-        a, b = statistics.median(own), statistics.median(pinned)
+            for mode, store in seconds.items():
+                store.append(measure(case, mode))
+        own, avx2, pinned = (statistics.median(v) for v in seconds.values())
         model, shape, steps = CASES[case]
-        lines.append(f"| {model} | {'x'.join(map(str, shape))} | {steps} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+        lines.append(f"| {model} | {'x'.join(map(str, shape))} | {steps} | {own:.3f} | {avx2:.3f} | {pinned:.3f} | "
+                     f"{pinned / own:.2f} | {pinned / avx2:.2f} |")
         print(lines[-1], flush=True)
     caption = (f"Seconds for the training steps (batch 32) and a third as many evaluation forwards (batch 256), "
                f"median of {args.repeats} fresh processes "
-               f"per mode, alternating, 1 torch thread; CPU: {kernels.machine_isa()}; own kernels: "
+               f"per mode, the modes taking turns, 1 torch thread; CPU: {kernels.machine_isa()}; own kernels: "
                f"{own_kernels()}.")
     print(caption)
     if args.out:
