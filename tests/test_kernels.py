@@ -11,7 +11,7 @@ import pytest
 
 from fl_core import kernels
 
-from conftest import NATIVE, REPO
+from conftest import NATIVE, REPO, run_one
 
 needs_mode = pytest.mark.skipif(kernels.unavailable() is not None, reason=f"{kernels.unavailable()}")
 suite_in_mode = pytest.mark.skipif(NATIVE or kernels.unavailable() is not None, reason="the suite runs native kernels")
@@ -98,3 +98,15 @@ def test_the_suite_itself_runs_in_the_mode():
     any x86-64 CPU with AVX2."""
     assert kernels.in_effect() == {"aten": "AVX2", "mkl": "COMPATIBLE", "onednn": "AVX2"}
     assert kernels.require(True) == "aten=AVX2 mkl=COMPATIBLE onednn=AVX2"
+
+
+@suite_in_mode
+def test_a_trial_reports_its_kernels_and_refuses_to_run_without_the_pins(tmp_path, outside_tune, monkeypatch):
+    from sweeps.trials import TRIAL_INFO
+
+    run_one(tmp_path / "sweep", {"rounds": 1})
+    assert outside_tune[-1]["kernels"] == "aten=AVX2 mkl=COMPATIBLE onednn=AVX2"
+    assert outside_tune[-1]["cpu_isa"] == kernels.machine_isa() and {"kernels", "cpu_isa"} <= set(TRIAL_INFO)
+    monkeypatch.setattr(kernels, "in_effect", lambda: {"aten": "AVX512", "mkl": "unpinned", "onednn": "native"})
+    with pytest.raises(kernels.KernelError, match="but this process runs aten=AVX512 mkl=unpinned onednn=native"):
+        run_one(tmp_path / "other", {"rounds": 1})

@@ -143,3 +143,19 @@ def test_resume_uses_the_saved_study_and_refuses_new_knobs(tmp_path, capsys):
     assert hashes(again.configs) == hashes(plan.configs) and {c.rounds for c in again.configs} == {3}
     assert run_main(["studies/fedselect_grid.toml", "--results", str(tmp_path), "--resume", "s", "--rounds", "5"]) == 2
     assert "--rounds cannot change it" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_kernels_the_sweep_started_with(tmp_path, capsys):
+    """The kernels are chosen from the command line before torch loads: a resume that asks for the
+    other mode is one error naming the flag, before anything runs."""
+    from sweeps.folder import save_args
+    for name, flags, other, said in (("pinned", [], ["--no-reproducible"], "ran in the reproducible mode; resume "
+                                      "it without --no-reproducible"),
+                                     ("native", ["--no-reproducible"], [], "ran with --no-reproducible; resume it "
+                                      "with --no-reproducible too")):
+        plan = plan_of(fedselect_grid.STUDY, ["--seeds", "0", "--rounds", "3", "--name", name, *flags], tmp_path)
+        assert plan.args.reproducible is not bool(flags)
+        save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
+        assert plan_of(fedselect_grid.STUDY, ["--resume", name, *flags], tmp_path).args.reproducible is not bool(flags)
+        assert run_main(["studies/fedselect_grid.toml", "--results", str(tmp_path), "--resume", name, *other]) == 2
+        assert capsys.readouterr().err.strip() == f"error: --resume: {name} {said}"
