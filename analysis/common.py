@@ -1,6 +1,6 @@
 """What the tables and figures share: which trials count, in what order, and their curves.
 
-Selection (`counted`, `final_rows`, `selection_rows`, `best_trials`): the trials a table or a
+Selection (`counted`, `final_rows`, `selection_rows`, `chosen_trials`): the trials a table or a
 figure reports, a selection stage's losers left out. Order (`settings_order`, `methods_order`):
 rows and panels in the same order everywhere. Configurations (`config_knobs`, `config_keys`):
 the seeds of one configuration share a key. Curves (`trial_curves`, `method_curves`): per round,
@@ -150,20 +150,64 @@ def config_keys(trials: pd.DataFrame) -> pd.Series:
     return trials[config_knobs(trials.columns)].astype(object).map(str).agg("|".join, axis=1)
 
 
-def best_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    """For each (setting, method): the trials (one per seed) of the configuration with the best
-    final accuracy, mean over seeds."""
+VALIDATED, DECLARED = "validation", "declared"
+
+
+def selection_basis(trials: pd.DataFrame) -> str:
+    """How `chosen_trials` picks among configurations: VALIDATED where every trial has a mean
+    validation accuracy (a validation split), else DECLARED. Test accuracy never decides."""
+    ok = "acc_val_mean" in trials and len(trials) and trials["acc_val_mean"].notna().all()
+    return VALIDATED if ok else DECLARED
+
+
+SELECTION_TEXT = {VALIDATED: "the best mean validation accuracy over its seeds",
+                  DECLARED: "the declared one (run on the most seeds; ties: the first of its grid), as there is "
+                            "no validation split to select on"}
+
+
+def selection_phrase(trials: pd.DataFrame) -> str:
+    """How the cells of `trials` (setting x method) were chosen, for a caption."""
+    bases = {selection_basis(cell) for _, cell in trials.groupby(["setting", "method"], sort=False, dropna=False)}
+    if bases == {VALIDATED}:
+        return "the configuration with " + SELECTION_TEXT[VALIDATED]
+    if bases == {DECLARED}:
+        return "the declared configuration, run on the most seeds (ties: the first of its grid): no validation split"
+    return "validation accuracy where a split exists, else the declared configuration"
+
+
+def chosen_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """For each (setting, method): the trials (one per seed) of one configuration, chosen without
+    test data (`selection_basis`): the best mean validation accuracy over seeds where the cell has
+    a validation split; otherwise the configuration run on the most seeds, ties to the smallest
+    knob values (the grid's first point). Adds `config_key`. Tables, figures and the sweep's
+    summary all choose with this one rule."""
     trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
     trials["config_key"] = config_keys(trials)
-    final = trials.groupby(["setting", "method", "config_key"], as_index=False)["acc_mean"].mean()
-    best = set(final.loc[final.groupby(["setting", "method"])["acc_mean"].idxmax(), "config_key"])
-    return trials[trials["config_key"].isin(best)]
+    knobs = config_knobs(trials.columns)
+    chosen = {cell: chosen_key(part, knobs) for cell, part in trials.groupby(["setting", "method"], sort=False)}
+    keep = [chosen.get((setting, method)) == key
+            for setting, method, key in zip(trials["setting"], trials["method"], trials["config_key"])]
+    return trials[np.asarray(keep, dtype=bool)]
+
+
+def chosen_key(cell: pd.DataFrame, knobs: list[str]) -> str:
+    """The config_key `chosen_trials` takes in one cell (its trials, `config_key` set)."""
+    try:
+        ordered = cell.sort_values(knobs, na_position="first", kind="stable")["config_key"]
+    except TypeError:  # a knob column of mixed types: the keys' text order
+        ordered = cell["config_key"].sort_values(kind="stable")
+    ordered = list(dict.fromkeys(ordered))
+    if selection_basis(cell) == VALIDATED:
+        score = cell.groupby("config_key")["acc_val_mean"].mean()
+    else:
+        score = cell.groupby("config_key").size().astype(float)
+    return max(ordered, key=lambda key: score[key])  # the first of equal scores in grid order
 
 
 def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
-    `best_trials`."""
-    chosen = best_trials(trials)[["config_hash", "setting", "method"]]
+    `chosen_trials`."""
+    chosen = chosen_trials(trials)[["config_hash", "setting", "method"]]
     curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
     rows = []
     for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):

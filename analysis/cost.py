@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import TableError, best_trials, counted, methods_order, settings_order
+from analysis.common import TableError, chosen_trials, counted, methods_order, selection_phrase, settings_order
 from analysis.load import load_rounds, unfinished
 from analysis.render import MISSING, write_grouped_table
 from analysis.stats import compare, final_accuracies
@@ -84,7 +84,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         raise TableError("cost table: no finished trial reported its training cost (trainable_params)")
     finished = finished.assign(participation=finished["participation"].astype(float))
     rates = sorted(finished["participation"].unique(), reverse=True)
-    chosen = pd.concat([best_trials(finished[finished["participation"] == c]) for c in rates])
+    chosen = pd.concat([chosen_trials(finished[finished["participation"] == c]) for c in rates])
     # the data setting without its participation rate (c is this table's column groups)
     chosen["setting"] = [setting_label(row | {"participation": 1.0}) for row in chosen.to_dict("records")]
     # A device's cost does not depend on c or the seed, but under c < 1 only sampled devices
@@ -122,7 +122,8 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
                f"over seeds ({n} per cell); c = share of devices per round. {verdict.caption('after fine-tuning')} "
                f"Cost, mean over devices: trainable parameters (a frozen head and frozen layer groups excluded) and "
                f"FLOPs per training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight "
-               f"gradient for a frozen layer). Each method at its best configuration; finished trials only"
+               f"gradient for a frozen layer). Each method at one configuration per cell, chosen without test data "
+               f"({selection_phrase(chosen)}); finished trials only"
                + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result.")
     return cells, bold, caption, verdict.summary("cost")
 

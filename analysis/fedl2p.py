@@ -29,7 +29,8 @@ policy at the final round (mean β, share of tensors at rate 0, mean η), the hy
 client and round, and λ's traffic per client and round (up + down; L2P sends nothing).
 
 Finished trials only; where a method ran several configurations in a row (another lr, say), the
-one with the best final seen-client accuracy, mean over seeds. The seeds, the clients' means and
+one chosen without test data (`analysis.common.chosen_key`: validation accuracy where there is a
+split, else the declared configuration). The seeds, the clients' means and
 the formatting are the other tables' (`fl_core.results.across_seeds`, `analysis.render`).
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import TableError, config_knobs, counted, settings_order
+from analysis.common import TableError, chosen_key, config_knobs, counted, selection_phrase, settings_order
 from analysis.load import load_rounds, unfinished
 from analysis.render import MISSING, format_cell, frame_latex, latex_cells, unfinished_note
 from analysis.stats import compare, final_accuracies
@@ -100,8 +101,9 @@ def _config_key(trials: pd.DataFrame) -> pd.Series:
 
 def study_trials(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(chosen, left out): the finished personalization trials, each with its `pretraining`
-    label, one configuration per (setting, pretraining, rounds, e, method) (the best final
-    seen-client accuracy, mean over seeds); and the unfinished ones left out."""
+    label, one configuration per (setting, pretraining, rounds, e, method) (`common.chosen_key`:
+    validation accuracy where there is a split, else the declared configuration; never test
+    accuracy); and the unfinished ones left out."""
     trials = counted(trials, "mark")
     trials = trials.assign(pretraining=pretraining_labels(trials))
     mine = trials[personalizing(trials)]
@@ -112,9 +114,11 @@ def study_trials(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     done["config_key"] = _config_key(done)
     done = done.astype({"rounds": int, "ft_epochs": int})  # whole numbers, also where Parquet read floats
     cell = ["setting", "pretraining", "rounds", "ft_epochs", "method"]
-    score = done.groupby([*cell, "config_key"], as_index=False, dropna=False)["acc_mean"].mean()
-    best = score.loc[score.groupby(cell, dropna=False)["acc_mean"].idxmax(), "config_key"]
-    return done[done["config_key"].isin(set(best))].reset_index(drop=True), mine[late]
+    knobs = config_knobs(done.columns)
+    keep = pd.Series(False, index=done.index)
+    for _, group in done.groupby(cell, dropna=False, sort=False):  # chosen without test data, as every table
+        keep[group.index] = group["config_key"] == chosen_key(group, knobs)
+    return done[keep].reset_index(drop=True), mine[late]
 
 
 def final_scores(rounds: pd.DataFrame) -> pd.DataFrame:
@@ -205,7 +209,7 @@ def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, stats: dict, l
     if "rounds" not in levels:
         parts.append(f"Rounds: {int(chosen['rounds'].iloc[0])}.")
     dropped = list(late.reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
-    parts.append(f"Each method at its configuration with the best final accuracy where it has several; finished "
+    parts.append(f"Each method, where it has several configurations, at {selection_phrase(chosen)}; finished "
                  f"trials only; {MISSING} = no result.")
     parts.append(unfinished_note(dropped, dropped=True))
     return " ".join(p for p in parts if p)

@@ -17,8 +17,8 @@ per layer, and how far apart the clients' policies are.
   client distance (d(j,j) = 0 would make the log undefined).
 
 The trials shown, per data setting: FedL2P (else the first other FedL2P label, else L2P) at the
-configuration of table fedl2p (analysis.fedl2p.study_trials) whose (pretraining, rounds, e) gives
-the best final seen-client accuracy, mean over seeds. A panel without two clients with different
+configuration of table fedl2p (analysis.fedl2p.study_trials), at the (pretraining, rounds, e) of
+the best mean validation accuracy where there is a split, else the first of them (`first_of`). A panel without two clients with different
 policies shows a note instead of a matrix (and prints it); a figure without any panel to draw is
 skipped with a printed note.
 """
@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.common import TableError, settings_order
+from analysis.common import VALIDATED, TableError, selection_basis, settings_order
 from analysis.fedl2p import META, fedl2p_wanted, method_columns, study_trials
 from analysis.figures import save_figure
 from analysis.load import load_clients, load_rounds
@@ -102,9 +102,17 @@ def _preferred(methods) -> str:
     return fedl2p[0] if fedl2p else labels[0]
 
 
+def first_of(trials: pd.DataFrame, key: list[str]) -> pd.Series:
+    """The values of `key` whose trials are shown: the best mean validation accuracy where every
+    trial has one (a validation split), else the first in sorted order; never test accuracy."""
+    if selection_basis(trials) == VALIDATED:
+        return pd.Series(trials.groupby(key)["acc_val_mean"].mean().idxmax(), index=key)
+    return trials[key].sort_values(key, kind="stable").iloc[0]
+
+
 def shown_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    """Per data setting, the trials (one per seed) of its FedL2P configuration with the best final
-    seen-client accuracy, mean over seeds (see the module docstring)."""
+    """Per data setting, the trials (one per seed) of its FedL2P configuration at `first_of`'s
+    (pretraining, rounds, e) (see the module docstring)."""
     chosen, _ = study_trials(trials)
     chosen = chosen[chosen["algorithm"].isin(META)]
     parts = []
@@ -112,8 +120,7 @@ def shown_trials(trials: pd.DataFrame) -> pd.DataFrame:
         mine = chosen[chosen["setting"] == setting]
         mine = mine[mine["method"] == _preferred(mine["method"])]
         key = ["pretraining", "rounds", "ft_epochs"]
-        best = mine.groupby(key)["acc_mean"].mean().idxmax()
-        parts.append(mine[(mine[key] == pd.Series(best, index=key)).all(axis=1)])
+        parts.append(mine[(mine[key] == first_of(mine, key)).all(axis=1)])
     return pd.concat(parts, ignore_index=True) if parts else chosen
 
 

@@ -12,8 +12,9 @@ Writes each figure as PNG and PDF and prints the paths:
 - `fedl2p_policy`, `fedl2p_policy_distance`: FedL2P's per-layer policy across clients and the
   distances between the clients' policies (analysis.fedl2p_plots).
 
-Where a method was run with several configurations in a setting, the curves show the configuration
-with the best final accuracy (mean over seeds). Per-round numbers are `fl_core.results.summarize_trial`
+Where a method was run with several configurations in a setting, the curves show the one the tables
+show (`analysis.common.chosen_trials`: the best mean validation accuracy where there is a
+validation split, else the declared configuration; never test accuracy). Per-round numbers are `fl_core.results.summarize_trial`
 of each shown trial; bands over seeds are `fl_core.results.across_seeds`; rounds that were not
 evaluated (`eval_every`) have no accuracy point. Labels are the rows' `method` and `setting`
 columns. A figure the results do not support is skipped with a printed note.
@@ -32,7 +33,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from analysis.common import best_trials, cosine_matrix, method_curves
+from analysis.common import chosen_trials, cosine_matrix, method_curves
 from analysis.figures import heatmap, method_colors, save_figure
 from analysis.load import DamagedFile, find_sweeps, is_gradselect, load_clients, load_masks, load_rounds, load_trials
 from fl_core.config import DIRICHLET_PARTITIONS
@@ -100,7 +101,8 @@ def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
-    """The FedSelect (GradSelect) trial with masks and the best final accuracy; else the first with masks."""
+    """The first seed's trial of the FedSelect (GradSelect) configuration the tables show
+    (`chosen_trials`, in the first data setting that has masks); else the first trial with masks."""
     have = set(masks["config_hash"])
     if trials.empty or "acc_mean" not in trials:
         return min(have)
@@ -109,7 +111,10 @@ def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
     candidates = main if not main.empty else candidates
     if candidates.empty:
         return min(have)
-    return candidates.sort_values("acc_mean", ascending=False)["config_hash"].iloc[0]
+    if {"setting", "method"} <= set(candidates.columns):
+        candidates = chosen_trials(candidates)
+    return candidates.sort_values(["seed", "config_hash"] if "seed" in candidates else ["config_hash"],
+                                  kind="stable")["config_hash"].iloc[0]
 
 
 def plot_mask_iou(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFrame, out: Path) -> list[Path]:
@@ -183,7 +188,7 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
     trials = final_rows(searched)  # a selection stage's trials are shown by plot_search alone
     written: list[Path] = []
 
-    shown = best_trials(trials)["config_hash"] if not trials.empty and "acc_mean" in trials else []
+    shown = chosen_trials(trials)["config_hash"] if not trials.empty and "acc_mean" in trials else []
     rounds = load_rounds(sweeps, trials=shown) if len(shown) else pd.DataFrame()
     if rounds.empty:
         print("skipping round figures: no per-round results")

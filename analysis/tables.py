@@ -90,7 +90,8 @@ def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
 
 def _knob_text(knobs: list[str], values: tuple) -> str:
     names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
-    return ", ".join(f"{names.get(k, k)} = {v:g}" for k, v in zip(knobs, values))
+    return ", ".join(f"{names.get(k, k)} = {v:g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
+                     for k, v in zip(knobs, values))
 
 
 # ----------------------------------------------------------------------------- the numbers
@@ -119,49 +120,51 @@ def _threads_note(trials: pd.DataFrame) -> str:
 
 def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Per (method, setting) cell, the trials of one configuration: where a cell holds several
-    (say, two learning rates of one method), those of the configuration `plots.best_trials`
-    picks (the best final accuracy, mean over its seeds), each such choice named in a note; other
-    cells as they are."""
-    from .common import best_trials, config_keys, config_knobs
+    (FedSelect's grid, two learning rates of one method), those `common.chosen_trials` picks
+    without test data, each choice named in a note (one note for a method chosen alike in every
+    setting); other cells as they are."""
+    from .common import SELECTION_TEXT, chosen_trials, config_keys, config_knobs, selection_basis
 
     keys = config_keys(trials)
     mixed = [(label, cell) for label, cell in trials.groupby(["method", "setting"], sort=False)
              if keys[cell.index].nunique() > 1]
     if not mixed:
         return trials, []
-    best = set(best_trials(trials)["config_key"])
+    chosen = set(chosen_trials(trials)["config_hash"])
     knobs = [k for k in config_knobs(trials.columns) if k != "algorithm"]
     keep = pd.Series(True, index=trials.index)
-    notes = []
+    said: dict[tuple, list[str]] = {}
     for (method, setting), cell in mixed:
-        cell_keys = keys[cell.index]
-        keep[cell.index] = cell_keys.isin(best)
-        chosen = cell[keep[cell.index]].iloc[0]
+        keep[cell.index] = cell["config_hash"].isin(chosen)
+        picked = cell[keep[cell.index]].iloc[0]
         varying = [k for k in knobs if cell[k].astype(str).nunique() > 1]
-        values = ", ".join(f"{k} = {chosen[k]}" for k in varying)
-        notes.append(f"{method} in {setting}: at {values}, the best final accuracy of its "
-                     f"{cell_keys.nunique()} configurations (the others not shown).")
+        how = SELECTION_TEXT[selection_basis(cell)]
+        values = _knob_text(varying, tuple(picked[k] for k in varying))
+        said.setdefault((method, values, keys[cell.index].nunique(), how), []).append(setting)
+    everywhere = set(trials["setting"])
+    notes = [f"{method} {'in every data setting' if set(settings) == everywhere else 'in ' + '; '.join(settings)}: "
+             f"at {values}, chosen among its {count} configurations as {how} (the others not shown)."
+             for (method, values, count, how), settings in said.items()]
     return trials[keep], notes
 
 
 def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
-    """Table 1: methods × data settings. FedSelect (gradselect) rows are taken at its most common
-    (p, α), every method at the most common local epochs, and a cell with several configurations
-    at its best (`_one_configuration`, said in a note), so that no cell mixes configurations."""
+    """Table 1: methods × data settings, every method at the most common local epochs, and a cell
+    with several configurations (FedSelect's p × α grid) at the one chosen without test data
+    (`_one_configuration`, said in a note), so that no cell mixes configurations."""
     trials = _labelled(trials)
     epochs = _most_common(trials, ["local_epochs"])
     trials = _at(trials, ["local_epochs"], epochs)
     notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
-    fedselect = is_gradselect(trials)
     if "stage" in trials and (trials["stage"] == "confirm").any():  # one chosen configuration per setting
         notes.append("Tuned methods at the configuration chosen per data setting (table search_best).")
-    elif fedselect.any():
-        knobs = ["pers_rate", "pers_limit"]
-        values = _most_common(trials[fedselect], knobs)
-        trials = pd.concat([trials[~fedselect], _at(trials[fedselect], knobs, values)])
-        notes.append(f"FedSelect at {_knob_text(knobs, values)}.")
     trials, chosen = _one_configuration(trials)
     notes += chosen
+    fedselect = trials[is_gradselect(trials)]
+    knobs = ["pers_rate", "pers_limit"]
+    if len(fedselect) and not any(n.startswith("FedSelect ") for n in chosen) and \
+            len(fedselect[knobs].drop_duplicates()) == 1:  # one configuration everywhere: name it
+        notes.append(f"FedSelect at {_knob_text(knobs, tuple(fedselect[knobs].iloc[0]))}.")
     notes.append(_evaluated_note(trials))
     notes.append(_threads_note(trials))
     table = summarize(trials, "method", "setting", "methods", methods_order(trials),

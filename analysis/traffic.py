@@ -6,7 +6,7 @@ exchanges with its neighbours. This module measures that load from the round row
 against accuracy:
 - `busiest_node_mb`: per (trial, round), the busiest node's cumulative MB (the definition).
 - figure `accuracy_vs_busiest_traffic`: mean accuracy over clients against that load, one line per
-  method, one panel per data setting (mean over seeds, each method at its best configuration).
+  method, one panel per data setting (mean over seeds, each method at the configuration the tables show: analysis.common.chosen_trials).
 - figure `mask_hamming` (the DisPFL paper's Fig. 6): for the best DisPFL trial with masks, the
   clients' label similarity next to the normalised Hamming distance of their final masks.
 - table `traffic` (`tables/traffic.tex`): per method and data setting, the final accuracy and the
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_clients, load_masks, load_rounds, unfinished
-from analysis.common import TableError, best_trials, cosine_matrix, counted, final_rows, method_curves, methods_order, settings_order
+from analysis.common import TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order, settings_order
 from analysis.figures import heatmap, method_colors, save_figure
 from analysis.render import MISSING, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
@@ -95,9 +95,9 @@ def trial_hamming(masks: pd.DataFrame, trial: str) -> tuple[list, np.ndarray]:
 
 
 def traffic_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, method, round), for the configuration of `best_trials`: `acc` (mean over
+    """Per (setting, method, round), for the configuration of `chosen_trials`: `acc` (mean over
     clients, then over seeds; NaN where not evaluated) and `busiest_node_mb` (mean over seeds)."""
-    chosen = best_trials(trials)[["config_hash", "setting", "method"]]
+    chosen = chosen_trials(trials)[["config_hash", "setting", "method"]]
     rounds = rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]
     acc = method_curves(rounds, trials)[["setting", "method", "round", "acc_mean_mean"]]
     load = busiest_node_mb(rounds).merge(chosen, on="config_hash")
@@ -134,12 +134,17 @@ def plot_accuracy_vs_busiest(curves: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def _pick_dispfl_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
-    """The DisPFL trial with masks and the best final accuracy (finished ones first)."""
+    """The first seed's DisPFL trial with masks at the configuration the tables show
+    (`chosen_trials`, finished trials first); else the first trial with masks."""
     have = trials[trials["config_hash"].isin(set(masks["config_hash"]))] if "config_hash" in trials else trials
     if have.empty or "acc_mean" not in have or have["acc_mean"].isna().all():
         return min(masks["config_hash"])
-    ranked = have.assign(_finished=~unfinished(have)).sort_values(["_finished", "acc_mean"], ascending=False)
-    return ranked["config_hash"].iloc[0]
+    done = have[~unfinished(have)]
+    have = done if not done.empty else have
+    if {"setting", "method"} <= set(have.columns):
+        have = chosen_trials(have)
+    order = [c for c in ("seed", "config_hash") if c in have]
+    return have.sort_values(order, kind="stable")["config_hash"].iloc[0]
 
 
 def plot_mask_hamming(masks: pd.DataFrame, clients: pd.DataFrame, trials: pd.DataFrame, out: Path) -> list[Path]:
@@ -172,7 +177,7 @@ def build_traffic_outputs(sweeps, trials: pd.DataFrame, out_dir, masks: pd.DataF
     if not known or not trials["algorithm"].map(serverless_communicating).any():
         print("skipping accuracy vs busiest-node traffic: no server-less method that communicates (DisPFL, D-PSGD)")
     else:
-        rounds = load_rounds(sweeps, trials=best_trials(trials)["config_hash"])
+        rounds = load_rounds(sweeps, trials=chosen_trials(trials)["config_hash"])
         written += plot_accuracy_vs_busiest(traffic_curves(rounds, trials), out)
     masks = load_masks(sweeps) if masks is None else masks
     dispfl = set(trials.loc[trials["algorithm"] == "dispfl", "config_hash"]) if known else set()
@@ -204,11 +209,11 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     """(cell texts, bold mask, caption, summary rows) of the traffic table: rows = methods, per
     data setting the final accuracy (%, mean ± std over seeds, marks against D-PSGD and bold by
     `analysis.stats.compare`) and the busiest node's total MB (the last round's `busiest_node_mb`,
-    mean over seeds). Finished trials only, each method at its configuration with the best final
-    accuracy in the setting."""
+    mean over seeds). Finished trials only, each method at the configuration `chosen_trials` picks
+    in the setting (never by test accuracy)."""
     trials = counted(trials, "drop")
     late = unfinished(trials)
-    finished = best_trials(trials[~late])
+    finished = chosen_trials(trials[~late])
     if finished.empty:
         raise TableError("traffic table: no finished trials")
     load = busiest_node_mb(load_rounds(sweeps, trials=finished["config_hash"]))
