@@ -168,7 +168,7 @@ def test_launch_does_not_import_study():
     assert out.stdout.strip() == "False"
 
 
-def test_end_of_sweep_summary_gives_each_methods_best_configuration_per_setting_over_its_seeds():
+def test_end_of_sweep_summary_gives_each_methods_chosen_configuration_per_setting_over_its_seeds():
     from sweeps.launch import best_per_setting
     done = pd.DataFrame({
         "setting": ["easy"] * 6 + ["hard"] * 3,
@@ -176,7 +176,7 @@ def test_end_of_sweep_summary_gives_each_methods_best_configuration_per_setting_
                    "FedAvg"],
         "pers_rate": [0.1, 0.1, None, None, 0.5, 0.5, 0.1, 0.1, None], "seed": [0, 1, 0, 1, 0, 1, 0, 1, 0],
         "acc_mean": [0.9, 0.8, 0.7, 0.96, 0.6, 0.7, 0.5, 0.3, 0.45], "mb_total": [1.0] * 9})
-    best = best_per_setting(done, ["pers_rate"])  # FedSelect p = 0.5 (0.65) is not its best on easy: not shown
+    best = best_per_setting(done, ["pers_rate"])  # no split: the declared p = 0.1 on easy (p = 0.5 not shown)
     # FedAvg's lucky seed (0.96) does not put it first: 0.85 over two seeds beats 0.83
     assert best[["setting", "method", "acc", "seeds"]].values.tolist() == [
         ["easy", "FedSelect", "0.8500 ± 0.0707", 2], ["easy", "FedAvg", "0.8300 ± 0.1838", 2],
