@@ -13,13 +13,8 @@ from pathlib import Path
 
 from .kernels import OPT_OUT, KernelError, machine_isa, pin_from_argv, require
 
-pin_from_argv(sys.argv[1:])  # before torch loads (the imports below load it): see fl_core/kernels.py
-
-import pandas as pd  # noqa: E402
-
-from .config import ConfigError, RunConfig, add_run_arguments, split_run_arguments  # noqa: E402
-from .data import DataError  # noqa: E402
-from .results import results_problem  # noqa: E402
+# torch loads with fl_core.config and what follows it: imported inside the functions, so that the
+# command pins the kernels first (fl_core/kernels.py) and importing this module changes nothing.
 
 EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --partition shards "
            "--shards-per-client 2 --num-clients 10 --rounds 20 --pers-rate 0.25 --pers-limit 0.8 "
@@ -27,6 +22,8 @@ EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .config import add_run_arguments
+
     parser = argparse.ArgumentParser(
         prog="python -m fl_core", description=__doc__.split("\n\n")[0] + "\n\n" + EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (`python -m fl_core`, `fl-run`); `argv` given: called from Python, whose process
+    already chose its kernels (a run that asks for the mode without them is refused)."""
+    if argv is None:
+        pin_from_argv(sys.argv[1:])  # before torch loads: see fl_core/kernels.py
+    from .config import ConfigError, RunConfig, split_run_arguments
+    from .data import DataError
+    from .results import results_problem
+
     args = vars(build_parser().parse_args(argv))
     results_dir = args.pop("results")
     reproducible = args.pop("reproducible")
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(sim, results_dir: Path, kernels: str) -> int:
+    import pandas as pd
+
     from .results import client_rows, round_rows, summarize_round, write_parquet
 
     config = sim.config
