@@ -205,6 +205,10 @@ def test_a_short_dispfl_run_learns_on_digits():
     config = tiny(algorithm="dispfl", dataset="digits", num_clients=10, partition="dirichlet", dir_alpha=0.3,
                   rounds=10, local_epochs=3, lr=0.1, num_neighbours=3, model="lenet")
     results = list(Simulation(config).run())
+    # Measured (2026-11, AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised
+    # with oneDNN at SSE4.1): 0.781, 0.772, 0.781 after round 10 and 0.776, 0.779, 0.776 after round 9,
+    # from 0.385 after round 1. 0.7 lies below round 9's: it holds should other rounding cost a whole
+    # round.
     assert results[-1].mean("acc") > 0.7 and results[-1].mean("acc") > results[0].mean("acc") + 0.1
 
 

@@ -254,9 +254,13 @@ def test_restore_mid_run_continues_bit_identically(tmp_path, overrides):
 def test_ditto_learns_on_digits_and_beats_its_own_global_model():
     results = list(Simulation(digits(algorithm="ditto", rounds=10, local_epochs=5)).run())  # λ = 1 (paper)
     last = results[-1]
-    # Two classes per client: a constant classifier scores about 0.5 on a client's test set.
-    assert last.mean("acc") > 0.85, [r.mean("acc") for r in results]
-    assert last.mean("acc") > last.mean("acc_global") + 0.2, (last.mean("acc"), last.mean("acc_global"))
+    # Two classes per client: a constant classifier scores about 0.5 on a client's test set. The
+    # personal models still swing by up to 0.05 from round to round. Measured (2026-11, AVX-512 CPU;
+    # the reproducible mode, the CPU's own kernels, ATen unvectorised with oneDNN at SSE4.1): acc
+    # 0.952, 0.940, 0.877 after round 10, at least 0.868, 0.889, 0.850 over rounds 7 to 10; acc_global
+    # 0.661, 0.656, 0.643. The thresholds lie below all of these.
+    assert last.mean("acc") > 0.8, [r.mean("acc") for r in results]
+    assert last.mean("acc") > last.mean("acc_global") + 0.15, (last.mean("acc"), last.mean("acc_global"))
 
 
 @pytest.mark.slow
@@ -265,8 +269,12 @@ def test_lotteryfl_learns_on_digits_with_sparse_tickets():
     sim = Simulation(config)
     results = list(sim.run())
     last = results[-1]
-    # Two classes per client: a constant classifier scores about 0.5 on a client's test set.
-    assert last.mean("acc") > 0.7, [r.mean("acc") for r in results]
+    # Two classes per client: a constant classifier scores about 0.5 on a client's test set. Each
+    # pruning resets the surviving weights to their initial values, so acc dips after it. Measured
+    # (2026-11, AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised with
+    # oneDNN at SSE4.1): 0.811, 0.759, 0.741 after round 10, at least 0.708, 0.708, 0.707 over rounds
+    # 4 to 10. 0.65 lies below every one of those rounds.
+    assert last.mean("acc") > 0.65, [r.mean("acc") for r in results]
     sparsity = [c.extra["sparsity"] for c in sim.clients]
     assert min(sparsity) > 0 and max(sparsity) <= sim.algorithm.target_sparsity, sparsity
     full = 4 * sum(sim.algorithm.numels.values())

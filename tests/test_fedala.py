@@ -114,8 +114,12 @@ def test_fedala_learns_on_digits_and_beats_its_global_model():
     config = RunConfig(dataset="digits", partition="shards", shards_per_client=2, num_clients=10, threads=1, seed=0,
                        algorithm="fedala", rounds=5, local_epochs=5)
     last = list(Simulation(config).run())[-1]
-    # Two classes per client: a constant classifier scores about 0.5 on a client's test set.
-    assert last.mean("acc") > 0.9, last.mean("acc")
+    # Two classes per client: a constant classifier scores about 0.5 on a client's test set. Measured
+    # (2026-11, AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised with
+    # oneDNN at SSE4.1): acc 0.974, 0.941, 0.959 after round 5 and 0.881, 0.902, 0.909 after round 4;
+    # acc_global 0.427, 0.431, 0.363. 0.85 lies below even round 4's: it holds should other rounding
+    # cost a whole round.
+    assert last.mean("acc") > 0.85, last.mean("acc")
     assert last.mean("acc") > last.mean("acc_global") + 0.2, (last.mean("acc"), last.mean("acc_global"))
 
 

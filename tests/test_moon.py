@@ -161,7 +161,12 @@ def test_bad_knob_values_are_refused(knob, value, allowed):
 
 @pytest.mark.slow
 def test_moon_learns_on_digits():
-    config = RunConfig(algorithm="moon", dataset="digits", partition="shards", shards_per_client=2, num_clients=10,
+    """Four shards per client, as SCAFFOLD's test: with two, this run (lr 0.05, momentum 0.5) swings
+    from round to round and with the kernels (0.646, 0.637, 0.621 after round 10, 0.565 to 0.647 over
+    rounds 7 to 10). Measured (2026-11, AVX-512 CPU; the reproducible mode, the CPU's own kernels,
+    ATen unvectorised with oneDNN at SSE4.1): 0.7805, 0.7805, 0.7806 after round 10, at least 0.614
+    from round 5 on, from 0.102 after round 1."""
+    config = RunConfig(algorithm="moon", dataset="digits", partition="shards", shards_per_client=4, num_clients=10,
                        threads=1, seed=0, rounds=10, local_epochs=5, lr=0.05, momentum=0.5)  # μ = 1, τ = 0.5
     accs = [r.mean("acc") for r in Simulation(config).run()]
     assert accs[-1] > 0.5 and accs[-1] > accs[0] + 0.4, accs  # ten classes: chance is 0.1

@@ -174,7 +174,13 @@ def test_one_round_of_aggregation_matches_the_reference(sim):
     for k, client in enumerate(clients):
         total = sum(float(client.state[n].double().sum()) for n in algo.param_names)
         size = sum(float(client.state[n].double().abs().sum()) for n in algo.param_names)
-        assert (total, size) == pytest.approx(PINNED_AGGREGATE[k], rel=1e-6, abs=1e-4), k
+        theirs_total, theirs_size = PINNED_AGGREGATE[k]
+        # float32 rounding moves each entry by a few parts in 1e8, and the signed sum cancels (−16 of a
+        # Σ|x| of 6000): it is compared relative to Σ|x|. Measured |Δ| of the sum (2026-11, AVX-512
+        # CPU): 1.8e-6 in the reproducible mode and with the CPU's own kernels, 1.8e-4 (3e-8 of Σ|x|)
+        # with ATen's unvectorised code; Σ|x| itself within 1.3e-8 relative in all three.
+        assert abs(total - theirs_total) <= 1e-6 * theirs_size, (k, total, theirs_total)
+        assert size == pytest.approx(theirs_size, rel=1e-6), k
         for n in algo.param_names:  # pruned entries are 0, the mask is the new one
             assert torch.equal(client.mask[n], inputs[k][2][n] == 0)
             assert float(client.state[n][client.mask[n]].abs().sum()) == 0.0

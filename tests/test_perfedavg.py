@@ -170,8 +170,13 @@ def digits(**overrides) -> RunConfig:
 @pytest.mark.slow
 def test_per_fedavg_fo_learns_on_digits_and_beats_fedavg_and_fedavg_plus_one_step():
     """2 classes per client (a constant classifier scores ~0.5): after 6 rounds the adapted model
-    (0.890 here) beats FedAvg's global model (0.553) by far, and is at least FedAvg's model after
-    the very same α-step ("FedAvg + update", the paper's baseline: 0.868)."""
+    beats FedAvg's global model by far and is about as good as FedAvg's model after the very same
+    α-step ("FedAvg + update", the paper's baseline, which the paper finds worse). Measured (2026-11,
+    AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised with oneDNN at
+    SSE4.1): ours 0.890, 0.894, 0.870 (0.8509, 0.8565, 0.8435 a round earlier); FedAvg 0.553, 0.553,
+    0.529; FedAvg + update 0.866, 0.868, 0.877. Ours minus FedAvg + update is +0.024, +0.026,
+    −0.008: at this size the kernels choose its sign (after 10 rounds: +0.019, +0.039, +0.037, less
+    than ours moves from one round to the next), so the test asks for no more than "within 0.05"."""
     ours = Simulation(digits(algorithm="perfedavg_fo", perfedavg_alpha=0.02))
     last = list(ours.run())[-1]
     fedavg = Simulation(digits(algorithm="fedavg"))
@@ -179,14 +184,16 @@ def test_per_fedavg_fo_learns_on_digits_and_beats_fedavg_and_fedavg_plus_one_ste
     updated = [ours.trainer.evaluate(ours.algorithm.personalized_model(k, c, d, 6), d.x_test, d.y_test) / d.n_test
                for k, (c, d) in enumerate(zip(fedavg.clients, fedavg.data.clients))]
     assert last.mean("acc") > 0.8, last.mean("acc")
-    assert last.mean("acc") > base.mean("acc") + 0.2 and last.mean("acc") > sum(updated) / len(updated) - 0.01
+    assert last.mean("acc") > base.mean("acc") + 0.2 and last.mean("acc") > sum(updated) / len(updated) - 0.05
     assert last.mean("acc") > last.mean("acc_global") + 0.2  # the one step is the personalization
 
 
 @pytest.mark.slow
 def test_per_fedavg_hf_learns_on_digits():
     """The paper's finite difference (δ = 0.001) at β = lr = 0.05 (at 0.1 the curvature along the
-    meta-gradient makes α∇²f large enough for HF's steps to blow up on this data): 0.711 here."""
+    meta-gradient makes α∇²f large enough for HF's steps to blow up on this data). Measured (2026-11,
+    AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised with oneDNN at
+    SSE4.1): acc 0.779, 0.747, 0.721; acc_global 0.244, 0.418, 0.37."""
     last = list(Simulation(digits(algorithm="perfedavg_hf", perfedavg_alpha=0.02, lr=0.05)).run())[-1]
     assert last.mean("acc") > 0.6 and last.mean("acc") > last.mean("acc_global") + 0.2, last.mean("acc")
 

@@ -143,7 +143,9 @@ def test_pfedhn_learns_on_digits():
                        threads=1, seed=0, rounds=15, eval_every=5, pfedhn_inner_steps=10)
     results = [r for r in Simulation(config).run() if r.evaluated]
     accs = [r.mean("acc") for r in results]
-    # Two classes per client: a constant classifier scores about 0.5 on a client's test set.
+    # Two classes per client: a constant classifier scores about 0.5 on a client's test set. Measured
+    # (2026-11, AVX-512 CPU; the reproducible mode, the CPU's own kernels, ATen unvectorised with
+    # oneDNN at SSE4.1): 0.890, 0.920, 0.851 after round 15, from 0.401 after round 5.
     assert accs[-1] > 0.75 and accs[-1] > accs[0] + 0.3, accs
 
 

@@ -151,16 +151,43 @@ PFLLIB_AFTER_TWO_ROUNDS = {  # name: (Σ|x|, Σ|c|)
 }
 
 
-def test_two_rounds_match_the_pfllib_reference_to_rounding():
+@pytest.fixture(scope="module")
+def pfllib_sums():
+    """Ours on the reference's setting after two rounds: per tensor Σ|x| and Σ|c|."""
     sim = Simulation(RunConfig(algorithm="scaffold", dataset="digits", num_clients=4, samples_per_client=60,
                                partition="shards", rounds=2, local_epochs=2, lr=0.05, seed=3, threads=1))
     sim.run_round(), sim.run_round()
     x, c = sim.algorithm.global_state, sim.algorithm.control
     assert set(c) == set(PFLLIB_AFTER_TWO_ROUNDS)
+    return ({n: float(t.double().abs().sum()) for n, t in x.items() if n in c},
+            {n: float(t.double().abs().sum()) for n, t in c.items()})
+
+
+def test_two_rounds_match_the_pfllib_reference_to_rounding(pfllib_sums):
+    """To what other kernels' rounding can do, on any CPU. c = (x − y)/(aη) divides the small
+    difference of two models by aη: its relative rounding error is far larger than x's. Measured
+    relative deviation from the reference, largest over the tensors (2026-11, AVX-512 CPU; the
+    reproducible mode, the CPU's own AVX-512 kernels, ATen's unvectorised code with oneDNN capped
+    at SSE4.1): Σ|x| 3.9e-8, 3.0e-6, 4.3e-8; Σ|c| 2.4e-6, 1.7e-3, 2.4e-6. What the tolerances
+    must still catch (the reproducible mode, every tensor): a step weight a off by one moves every
+    Σ|c| by 16 % to 30 %; the wrong sign of c moves some Σ|c| by 49 % and some Σ|x| by 8 %. The
+    tolerances sit between the two: 1e-4 on Σ|x| (30x the largest rounding), 1e-2 on Σ|c| (6x
+    the largest rounding, a sixteenth of the smallest change an off-by-one makes)."""
+    sums_x, sums_c = pfllib_sums
     for name, (sum_x, sum_c) in PFLLIB_AFTER_TWO_ROUNDS.items():
-        # rtol 1e-4: rounding differs between CPUs; a wrong step count K or sign moves these by percents
-        assert float(x[name].double().abs().sum()) == pytest.approx(sum_x, rel=1e-4), name
-        assert float(c[name].double().abs().sum()) == pytest.approx(sum_c, rel=1e-4), name
+        assert sums_x[name] == pytest.approx(sum_x, rel=1e-4), name
+        assert sums_c[name] == pytest.approx(sum_c, rel=1e-2), name
+
+
+@pytest.mark.pinned_rounding
+def test_two_rounds_match_the_pfllib_reference_to_float32_rounding_in_the_reproducible_mode(pfllib_sums):
+    """In the reproducible mode these sums are the same bits on any x86-64 CPU with AVX2, and every
+    one is the reference's to 2.4e-6 (measured): a change that only rounds differently shows here,
+    not in the test above."""
+    sums_x, sums_c = pfllib_sums
+    for name, (sum_x, sum_c) in PFLLIB_AFTER_TWO_ROUNDS.items():
+        assert sums_x[name] == pytest.approx(sum_x, rel=1e-5), name
+        assert sums_c[name] == pytest.approx(sum_c, rel=1e-5), name
 
 
 def test_scaffold_restores_mid_run(tmp_path):
@@ -198,11 +225,17 @@ def test_a_non_positive_global_learning_rate_is_refused(value):
 
 @pytest.mark.slow
 def test_scaffold_learns_on_digits_and_its_c_stays_the_mean_of_the_clients():
-    config = RunConfig(algorithm="scaffold", dataset="digits", partition="shards", shards_per_client=2,
+    """Four shards per client: the global model rises round by round, alike whatever the kernels.
+    Final mean acc (2026-11, AVX-512 CPU; reproducible mode, the CPU's own kernels, ATen
+    unvectorised with oneDNN at SSE4.1): 0.843, 0.845, 0.839, from 0.102 after round 1. With two
+    shards this run swings by up to 0.2 from round to round at the edge of divergence (at round
+    10: 0.571, 0.469, 0.475; at 20 rounds two of the three diverge), so a threshold there held by
+    the kernels' luck."""
+    config = RunConfig(algorithm="scaffold", dataset="digits", partition="shards", shards_per_client=4,
                        num_clients=10, threads=1, seed=0, rounds=10, local_epochs=5, lr=0.05, momentum=0.5)
     sim = Simulation(config)
     accs = [r.mean("acc") for r in sim.run()]
-    assert accs[-1] > 0.5 and accs[-1] > accs[0] + 0.4, accs  # ten classes: chance is 0.1
+    assert accs[-1] > 0.7 and accs[-1] > accs[0] + 0.5, accs  # ten classes: chance is 0.1
     # full participation, uniform weights: c = (1/N) Σ c_k after every round
     for n, c in sim.algorithm.control.items():
         mean = sum(cl.extra["scaffold_c"][n] for cl in sim.clients) / len(sim.clients)

@@ -90,10 +90,12 @@ def test_fedselect_and_local_beat_fedavg_on_digits_with_two_shards():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm,bound", [("fedavg", 0.5), ("fedavg_ft", 0.75)])  # measured 0.68, 0.86
+@pytest.mark.parametrize("algorithm,bound", [("fedavg", 0.5), ("fedavg_ft", 0.75)])
 def test_fedavg_and_fedavg_ft_learn_on_digits(algorithm, bound):
     """FedAvg's one global model must serve all ten classes (chance 0.1); FedAvg+FT then adapts
-    it to each client's two classes (chance within them about 0.5)."""
+    it to each client's two classes (chance within them about 0.5). Measured (2026-11, AVX-512 CPU;
+    the reproducible mode, the CPU's own kernels, ATen unvectorised with oneDNN at SSE4.1): FedAvg
+    0.681, 0.683, 0.671, FedAvg+FT 0.987, 0.980, 0.981."""
     from fl_core.config import RunConfig
     config = RunConfig(algorithm=algorithm, dataset="digits", partition="shards", shards_per_client=2,
                        num_clients=10, rounds=8, local_epochs=5, seed=0, threads=1)
