@@ -14,6 +14,17 @@ lost either. The resumed stage then makes the decisions an uninterrupted one mak
 sequence of results. That sequence is Tune's to choose: with several trials at once it depends on
 timing, and even with one at a time (`--max-concurrent 1`) Tune does not promise the start order
 (in one test run a fresh stage started its three trials in reverse order), interrupted or not.
+
+Where the record lives (`rungs_path`): `<stage>/asha/rungs.json`, in a folder of its own inside
+the stage's Tune experiment folder, never beside Tune's files. A restored Tune copies every
+`.json` and `.pkl` file at the top of the experiment folder into its staging folder and, at every
+snapshot of its experiment state, copies that folder back over the experiment folder; a record
+kept there (the first version's `<stage>/asha_rungs.json`) was replaced by its copy from the
+moment of the interrupt, so every decision of the resumed stage was lost from it (a second
+interrupt then restored the stale rungs). A sweep started with that name moves to the new one
+when its scheduler is restored. The record goes with the stage's Tune folder when that folder is
+set aside (sweeps/launch.py), so a stage started again never reads rungs of trial ids it does
+not have.
 """
 from __future__ import annotations
 
@@ -22,6 +33,13 @@ import os
 from pathlib import Path
 
 from ray.tune.schedulers import ASHAScheduler
+
+LEGACY_NAME = "asha_rungs.json"  # the first version's record, beside Tune's files (see the module docstring)
+
+
+def rungs_path(tune_dir: str | Path) -> Path:
+    """Where the ASHA of the stage whose Tune experiment is `tune_dir` keeps its rungs."""
+    return Path(tune_dir) / "asha" / "rungs.json"
 
 
 class ResumableASHA(ASHAScheduler):
@@ -64,6 +82,10 @@ class ResumableASHA(ASHAScheduler):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         path = Path(self.rungs_file)
+        if path.name == LEGACY_NAME:  # a sweep started before the record had a folder of its own
+            self.rungs_file = str(rungs_path(path.parent))
+            if Path(self.rungs_file).exists():
+                path = Path(self.rungs_file)
         if not path.exists():
             return
         saved = json.loads(path.read_text())

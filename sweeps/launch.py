@@ -12,9 +12,11 @@ summary of what finished and the command that resumes the sweep; exit status 130
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -158,6 +160,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
         stage = stages[len(ran)]
         tuner = _tuner(plan, stage, trainable)
         with guard.tune():
+            pause_for_tests(f"fit {stage.name}")  # test hook: the stage's Tuner exists (tuner.pkl), Tune not run
             ran.append((stage, tuner.fit()))
             repair = damage.repair_stage(plan.folder, stage, ran[-1][1])
             if repair is not None and guard.signum is None:
@@ -231,6 +234,34 @@ def restore_quietly(tune_dir: Path, trainable):
         quiet.setLevel(level)
 
 
+def names_a_trial(tune_dir: Path) -> bool:
+    """Whether Tune's record of a stage (its newest experiment state, the one a restore reads) names
+    at least one trial. It names none when the sweep stopped after the stage's Tuner was created
+    (tuner.pkl) and before Tune saved a trial: a Ctrl-C in the stage's first moments (no state, or
+    a state of no trial), a kill before Tune's first snapshot. Ray 2.60 cannot restore such a record:
+    the restore fails (no state file; `trials[0]` of no trials) and Tune starts the experiment again
+    without its param space, with trials of an empty config; so the stage starts again instead."""
+    states = sorted(tune_dir.glob("experiment_state-*.json"))  # Tune restores the newest (the last name)
+    return bool(states) and bool(json.loads(states[-1].read_text()).get("trial_data"))
+
+
+def start_again(folder: Path, tune_dir: Path) -> None:
+    """Clear Tune's record of a stage that names no trial (`names_a_trial`), so that the stage starts
+    as new: Tune's files, and its ASHA's record of trials that are not in it (sweeps/asha.py). A
+    folder of bookkeeping only is removed; one that holds trial folders (Tune wrote them, then was
+    killed before it saved them in its state) is set aside under damaged/, as a damaged record is.
+    The trials' rows and states are elsewhere: a trial that ran reports again from its saved state."""
+    name = tune_dir.name
+    if any(p.is_dir() and p.name != "asha" for p in tune_dir.iterdir()):
+        aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
+        where = f"; its Tune folder is set aside under {aside.relative_to(folder)}/"
+    else:
+        shutil.rmtree(tune_dir)
+        where = ""
+    print(f"[sweep] {name}: Tune's record names no trial (the sweep stopped before Tune saved one){where}; "
+          f"the stage starts again", flush=True)
+
+
 def _tuner(plan: SweepPlan, stage: Stage, trainable):
     """A new Tune experiment for the stage, or the one in its folder (a resumed sweep)."""
     from ray import tune
@@ -239,13 +270,16 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
     tune_dir = folder / stage.name
     if tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         problem = damage.unreadable_tune_record(tune_dir)
-        if problem is None:
+        if problem is None and names_a_trial(tune_dir):
             print(f"[sweep] resuming {folder.name}/{stage.name}", flush=True)
             return restore_quietly(tune_dir, trainable)
-        aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
-        print(f"[sweep] damaged: Tune's record of {stage.name} cannot be restored ({problem}); set aside under "
-              f"{aside.relative_to(folder)}/; the stage starts again (its finished trials report from their saved "
-              f"states)", flush=True)
+        if problem is None:
+            start_again(folder, tune_dir)
+        else:
+            aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
+            print(f"[sweep] damaged: Tune's record of {stage.name} cannot be restored ({problem}); set aside under "
+                  f"{aside.relative_to(folder)}/; the stage starts again (its finished trials report from their "
+                  f"saved states)", flush=True)
     print(f"[sweep] stage {stage.name}" + (f" [{stage.group}]" if stage.group else "") + ": "
           + (f"Optuna, {plan.spec.num_samples} configurations" if stage.searched else f"{len(stage.configs)} trials")
           + (", ASHA" if stage.kind == "select" and plan.spec.scheduler == "asha" else ""), flush=True)
@@ -286,9 +320,9 @@ def _tune_config(plan: SweepPlan, stage: Stage):
         kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0] + 1000 * index)
         kwargs["num_samples"] = plan.spec.num_samples
     if stage.kind == "select" and plan.spec.scheduler == "asha":
-        from .asha import ResumableASHA  # its rungs survive an interrupted driver
+        from .asha import ResumableASHA, rungs_path  # its rungs survive an interrupted driver
         rounds = max(c.rounds for _, c in stage.configs)
-        kwargs["scheduler"] = ResumableASHA(plan.folder / stage.name / "asha_rungs.json", time_attr="round",
+        kwargs["scheduler"] = ResumableASHA(rungs_path(plan.folder / stage.name), time_attr="round",
                                             max_t=rounds, grace_period=max(1, rounds // 4), reduction_factor=2)
     return tune.TuneConfig(**kwargs)
 
