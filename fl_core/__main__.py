@@ -80,8 +80,9 @@ def _run(sim, results_dir: Path, kernels: str) -> int:
     print(f"{config.label()} on {config.dataset} ({config.partition}, {config.num_clients} clients, "
           f"model {sim.model_name}, config {config.config_hash()}; kernels {kernels})", flush=True)
     rows, total, last = [], 0.0, None
+    context = {"kernels": kernels, "cpu_isa": machine_isa()}  # once: the CPU does not change during a run
     for result in sim.run():
-        new = round_rows(result, config, sim.model_name, kernels=kernels, cpu_isa=machine_isa())
+        new = round_rows(result, config, sim.model_name, **context)
         rows.extend(new)
         write_parquet(pd.DataFrame(rows), results_dir / "rounds.parquet")
         summary = summarize_round(pd.DataFrame(new))
