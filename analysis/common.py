@@ -105,11 +105,15 @@ def chosen_row(rows: pd.DataFrame):
 
 
 def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
-    """The rows fit for tables of final results: all but the selection stage's, except the select
-    run (first seed) of each confirmed configuration."""
+    """The rows fit for tables of final results: all but the selection stage's. A sweep that
+    selected on a seed of its own (`search_seed`) confirms on every reported seed, so none of its
+    select runs is a result; an older one selected on its first seed and confirmed on the others,
+    so its select run of each confirmed configuration counts as that seed's run."""
     stage = stage_column(trials)
     if not (stage == SELECT).any():
         return trials
+    if "search_seed" in trials and trials.loc[stage == SELECT, "search_seed"].notna().all():
+        return trials[stage != SELECT]
     keys = config_keys(trials)
     select = trials[(stage == SELECT) & keys.isin(set(keys[stage == CONFIRM]))]
     select = select.sort_values("started_at", kind="stable")
@@ -163,6 +167,25 @@ def selection_basis(trials: pd.DataFrame) -> str:
 SELECTION_TEXT = {VALIDATED: "the best mean validation accuracy over its seeds",
                   DECLARED: "the declared one (run on the most seeds; ties: the first of its grid), as there is "
                             "no validation split to select on"}
+
+
+def tuning_note(trials: pd.DataFrame) -> str:
+    """For a table of final rows of a sweep that selected on its own seed (`search_seed`): which
+    methods were tuned, with what budget, and which ran as declared; "" for any other sweep."""
+    stage = stage_column(trials)
+    if "search_seed" not in trials or not trials["search_seed"].notna().any() or not (stage == CONFIRM).any():
+        return ""
+    seed = int(trials["search_seed"].dropna().iloc[0])
+    budgets = trials[stage == CONFIRM].groupby("method", sort=False)["search_budget"].first() \
+        if "search_budget" in trials else pd.Series(dtype=float)
+    if budgets.notna().all() and budgets.nunique() == 1:
+        note = (f"Tuned alike on validation accuracy, {int(budgets.iloc[0])} configurations per data setting on "
+                f"search seed {seed} (never reported): {', '.join(budgets.index)}.")
+    else:
+        note = (f"Tuned on validation accuracy on search seed {seed} (never reported), configurations per data "
+                f"setting: " + ", ".join(f"{m} {'?' if pd.isna(b) else int(b)}" for m, b in budgets.items()) + ".")
+    fixed = list(dict.fromkeys(trials.loc[stage == ANCHOR, "method"]))
+    return note + (f" Run as declared (not tuned): {', '.join(fixed)}." if fixed else "")
 
 
 def selection_phrase(trials: pd.DataFrame) -> str:

@@ -3,8 +3,10 @@
 `figures/search_history.{png,pdf}` (search history, parameter importance), from trials.parquet.
 
 A trial row's `stage` is "grid", "anchor" (a baseline run to the end on every data setting and
-seed), "select" (sampled or scheduled, first seed only; STOPPED when stopped early) or "confirm"
-(the chosen configuration on the other seeds; its select run is its first seed); `objective` names
+seed), "select" (sampled or scheduled on one seed; STOPPED when stopped early) or "confirm" (the
+chosen configuration on the study's seeds). A sweep with a search seed of its own (`search_seed`)
+confirms on every reported seed and never counts a select run; an older one selected on its first
+seed and counted its select run as that seed's); `objective` names
 the metric the selection maximised ("acc_val_mean"; "acc_mean" without a validation split).
 A cell is a data setting, with its local epochs where they vary outside the selection stage (a
 study axis, not a searched knob). The chosen configuration is the COMPLETED select trial with the
@@ -95,7 +97,8 @@ def best_per_cell(trials: pd.DataFrame) -> pd.DataFrame:
         if (stage == CONFIRM).any():
             here = pd.concat([trials[c] == v for c, v in zip(cells, key)], axis=1).all(axis=1)
             mine = trials[(stage == CONFIRM) & (keys == keys[best])]
-            groups = {SELECTED: pd.concat([trials.loc[[best]], mine])}
+            own_seed = "search_seed" in trials and pd.notna(trials.at[best, "search_seed"])
+            groups = {SELECTED: mine if own_seed else pd.concat([trials.loc[[best]], mine])}
             groups |= dict(list(trials[here & (stage == ANCHOR)].groupby("method")))
             row |= _compare(groups, late, elsewhere=mine.empty and bool((here & (stage == CONFIRM)).any()))
         rows.append(row)

@@ -26,7 +26,8 @@ from .algorithms import ALGORITHMS, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
-from .knobs import ConfigError, MethodParams, add_knob_arguments, check_fields, knob, knob_fields, normalise
+from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, knob, knob_fields, normalise,
+                    search_spaces)
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
 # resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
@@ -114,7 +115,9 @@ class RunConfig:
                             "acc_global are NaN unless they are that model)", choices=EVAL_MODELS, added=True)
     local_epochs: int = knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global pass)", low=1)
     batch_size: int = knob(32, "local mini-batch size", low=1)
-    lr: float = knob(0.1, "local SGD learning rate (of round 1 under a schedule)", low=0, low_open=True)
+    lr: float = knob(0.1, "local SGD learning rate (of round 1 under a schedule)", low=0, low_open=True,
+                     search=Space(0.01, 0.3, log=True, source="a decade below and 3x above 0.1, the rate FedSelect, "
+                                  "DisPFL, PerFedMask and FedL2P's pretraining train at"))
     lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
     lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)", low=0, low_open=True, high=1)
     lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once more, e.g. 50,75")
@@ -273,6 +276,12 @@ def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) 
         known = sorted(set(COMMON_KNOBS) | set(owners))
         raise ConfigError(f"unknown config key(s) {', '.join(sorted(foreign))}; known keys: {', '.join(known)}")
     return values
+
+
+def search_space(algorithm: str) -> dict[str, Space]:
+    """The knobs a study with `tune` searches for `algorithm` by default, each with its declared
+    space: the common ones (the learning rate), then the method's own (`knob(..., search=...)`)."""
+    return search_spaces(RunConfig) | search_spaces(params_class(algorithm))
 
 
 @functools.cache

@@ -20,9 +20,32 @@ class ConfigError(ValueError):
     """A knob has a value outside what is allowed; the message names both."""
 
 
+@dataclass(frozen=True)
+class Space:
+    """Where a study with `tune` searches a knob by default: a range (`low`..`high`, log-uniform
+    with `log`) or a tuple of `choices`, and `source`: where the range comes from (the paper's
+    grid where it gives one, else why we chose it)."""
+
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        ranged = self.low is not None and self.high is not None
+        if ranged == bool(self.choices) or (ranged and not self.low < self.high) or not self.source:
+            raise ValueError(f"a search space is a range low < high or choices, with its source: {self}")
+
+    def __str__(self) -> str:
+        if self.choices:
+            return "{" + ", ".join(f"{c:g}" if isinstance(c, float) else str(c) for c in self.choices) + "}"
+        return f"{'log-uniform' if self.log else 'uniform'}({self.low:g}, {self.high:g})"
+
+
 def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
          high: float | None = None, low_open: bool = False, high_open: bool = False, data: bool = False,
-         semantic: bool = True, added: bool = False) -> Any:
+         semantic: bool = True, added: bool = False, search: Space | None = None) -> Any:
     """A dataclass field with its help and what is allowed.
 
     `low`/`high` bound numbers (closed unless `low_open`/`high_open`); `None` is allowed only when
@@ -31,9 +54,10 @@ def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | 
     out of the config hash, the Parquet rows and the MLflow params). `added=True` marks a knob
     added after results were first stored: while it keeps its default it stays out of the config
     hash, so the hashes of every earlier run (and the sweeps that can resume them) do not move.
+    `search`: the knob's default search space under a study's `tune` (sweeps/spec.py).
     """
     metadata = dict(help=help, choices=choices, low=low, high=high, low_open=low_open, high_open=high_open,
-                    data=data, semantic=semantic, added=added)
+                    data=data, semantic=semantic, added=added, search=search)
     return field(default=default, metadata=metadata)
 
 
@@ -44,6 +68,11 @@ def _meta(f: dataclasses.Field) -> dict[str, Any]:
 def knob_fields(cls_or_obj) -> list[dataclasses.Field]:
     """The knob fields of a knob dataclass (fields declared with `knob`)."""
     return [f for f in dataclasses.fields(cls_or_obj) if "help" in _meta(f)]
+
+
+def search_spaces(cls_or_obj) -> dict[str, Space]:
+    """knob name -> its declared default search space (`knob(..., search=...)`), in field order."""
+    return {f.name: _meta(f)["search"] for f in knob_fields(cls_or_obj) if _meta(f).get("search") is not None}
 
 
 @functools.cache

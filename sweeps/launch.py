@@ -33,7 +33,7 @@ from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
 from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
 from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
-from .spec import to_toml
+from .spec import budget_line, to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
 from .trainable import run_trial
 from .trials import UNFINISHED, TrialLedger, status_counts, trials_table
@@ -315,9 +315,9 @@ def _tune_config(plan: SweepPlan, stage: Stage):
         kwargs["max_concurrent_trials"] = plan.args.max_concurrent
     if stage.searched:
         from ray.tune.search.optuna import OptunaSearch
-        # an independent, reproducible sampler per select stage (stage i: seed + 1000 i)
+        # an independent, reproducible sampler per select stage (stage i: search seed + 1000 i)
         index = [s.name for s in plan.stages].index(stage.name)
-        kwargs["search_alg"] = OptunaSearch(seed=plan.spec.seeds[0] + 1000 * index)
+        kwargs["search_alg"] = OptunaSearch(seed=plan.spec.search_seed + 1000 * index)
         kwargs["num_samples"] = plan.spec.num_samples
     if stage.kind == "select" and plan.spec.scheduler == "asha":
         from .asha import ResumableASHA, rungs_path  # its rungs survive an interrupted driver
@@ -341,8 +341,9 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     how = f"stopped by {signal_name(stopped_by)} after" if stopped_by is not None else "in"
     print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
           f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
-    if "stage" in done and plan.spec.selects:  # the select stages' losers are not results
-        done = done[(done["stage"] != "select") | done.get("selected", False).fillna(False).astype(bool)]
+    if "stage" in done and plan.spec.selects:  # select runs are not results (analysis.common.final_rows)
+        from analysis.common import final_rows
+        done = final_rows(done)
     pretrained = done[done["stage"] == "pretrain"] if "stage" in done else done.iloc[:0]
     done = done.drop(index=pretrained.index)
     if not pretrained.empty:  # the first stage of a two-stage study: its own short table
@@ -354,8 +355,8 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
         by = "acc_val_mean" if "acc_val_mean" in done and done["acc_val_mean"].notna().all() else None
         if plan.spec.selects:
-            how = (f"configuration selected on seed {plan.spec.seeds[0]}'s validation accuracy, confirmed on "
-                   f"every seed")
+            print(f"[sweep] {budget_line(plan.spec)}")
+            how = "selected configuration confirmed on every seed"
         elif by == "acc_val_mean":
             how = "best configuration by validation accuracy (mean over seeds)"
         else:

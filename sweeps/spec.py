@@ -8,6 +8,9 @@
     kind = "grid"                            # grid | optuna (sampled configurations per data setting)
     scheduler = "fifo"                       # fifo | asha (early stopping per data setting and method)
     num_samples = 16                         # optuna: configurations sampled per data setting and method
+    tune = "all"                             # optional: every method searched in its declared space
+                                             # (or a list of algorithms); implies kind = "optuna"
+    seed = 1000                              # the seed selection runs on (default 1000), never reported
 
     [knobs]                                  # every trial; any knob of RunConfig or of a method
     dataset = "digits"
@@ -43,10 +46,20 @@ config hash). The table is the pretraining's alone: [knobs], [[methods]] and the
 knob flags set the second stage. A pretraining study runs a grid (no search, no scheduler).
 
 With a search or a scheduler, selection never touches test data or crosses data settings: each
-(data setting, method) group is searched or scheduled on its own, on the first seed, by its
-validation accuracy (a validation split is required: `val_fraction`); the best configuration
-of each group is then re-run on the other seeds to the final round ("confirm"), and anchors run
-on every seed. See sweeps/stages.py.
+(data setting, method) group is searched or scheduled on its own, on the search's own seed
+([search] seed, outside `seeds`: its runs are never reported), by its validation accuracy (a
+validation split is required: `val_fraction`); the best configuration of each group is then
+re-run on every one of `seeds` to the final round ("confirm"), and anchors run on every seed.
+See sweeps/stages.py.
+
+Tuning every method alike. `tune = "all"` (or a list of algorithms) searches each method in the
+space its knobs declare (`knob(..., search=Space(...))` beside the declaration, with where the
+range comes from; the learning rate for every method: `fl_core.config.search_space`), so every
+compared method, FedAvg and Local included, gets the same budget: `num_samples` configurations
+and the same scheduler per (data setting, method). A method entry narrows its space with its
+own range or list, or fixes a knob with one value; `fixed = true` runs a method as declared
+(the anchors of a tuned study; `anchor` is for studies without tune). A tuned study confirms on
+at least 5 seeds, the fewest the paired t-test over seeds behind the tables' marks accepts.
 
 The resolved spec (every common knob explicit, flags applied) is saved as `study.toml` in the
 sweep folder; `--resume` reads it back. How a spec becomes trials and stages: sweeps/stages.py.
@@ -61,17 +74,21 @@ from pathlib import Path
 from typing import Any
 
 from fl_core.algorithms import ALGORITHMS
-from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners
+from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners, search_space
+from fl_core.knobs import Space
 
 from .errors import SweepError
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = ("name", "description", "seeds", "search", "knobs", "methods", "pretraining")
-SEARCH_KEYS = ("kind", "scheduler", "num_samples")
+SEARCH_KEYS = ("kind", "scheduler", "num_samples", "tune", "seed")
+SEARCH_SEED = 1000        # the search's own seed by default: never one of a study's reported seeds
+MIN_CONFIRM_SEEDS = 5     # a study with `tune`: the tables' and claims' paired t-test over seeds needs 5
 NOT_IN_SPEC = ("algorithm", "seed", "device", "threads")  # methods say the algorithm; `seeds` the seeds
 FROM_TRIALS = ("model", "pretrained")   # [pretraining]: taken from the trials it pretrains for, or never set
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
+ALL = "all"
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,7 @@ class Range:
 class Method:
     algorithm: str
     knobs: dict[str, Any] = field(default_factory=dict)   # value, list (axis) or Range
-    anchor: bool = False
+    anchor: bool = False                                  # run as declared (under `tune`: `fixed = true`)
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,9 @@ class StudySpec:
     num_samples: int = 16
     pretraining: Method | None = None                       # [pretraining]: the first stage's method and knobs
     source: str = ""                                        # where it was read from (for messages)
+    tune: tuple[str, ...] = ()                              # [search] tune: the algorithms searched in their
+                                                            # declared spaces ("all": every method not fixed)
+    search_seed: int = SEARCH_SEED                          # [search] seed: the seed selection runs on
 
     @property
     def selects(self) -> bool:
@@ -133,26 +153,50 @@ def parse_spec(raw: dict[str, Any], source: str = "study") -> StudySpec:
     search = raw.get("search", {})
     _only(search, SEARCH_KEYS, f"{source} [search]")
     knobs = {k: _value(v, f"{source} [knobs] {k}") for k, v in raw.get("knobs", {}).items()}
-    methods = []
-    for i, entry in enumerate(raw.get("methods", [])):
-        where = f"{source} [[methods]] #{i + 1}"
-        entry = dict(entry)
-        algorithm = entry.pop("algorithm", None)
-        if algorithm not in ALGORITHMS:
-            raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-        anchor = entry.pop("anchor", False)
-        if not isinstance(anchor, bool):
-            raise SweepError(f"{where}: anchor={anchor!r} must be true or false")
-        methods.append(Method(algorithm, {k: _value(v, f"{where} {k}") for k, v in entry.items()}, anchor))
+    tune = _tune(search.get("tune", ()), f"{source} [search] tune")
+    methods = tuple(_method(entry, f"{source} [[methods]] #{i + 1}", bool(tune))
+                    for i, entry in enumerate(raw.get("methods", [])))
     seeds = raw.get("seeds", [0, 1, 2])
     seeds = seeds if isinstance(seeds, list) else [seeds]
     pretraining = _pretraining(raw["pretraining"], f"{source} [pretraining]") if "pretraining" in raw else None
     spec = StudySpec(name=raw["name"], description=raw.get("description", ""),
-                     seeds=tuple(seeds), knobs=knobs, methods=tuple(methods),
-                     search=search.get("kind", "grid"), scheduler=search.get("scheduler", "fifo"),
-                     num_samples=search.get("num_samples", 16), pretraining=pretraining, source=source)
+                     seeds=tuple(seeds), knobs=knobs, methods=methods,
+                     search=search.get("kind", "optuna" if tune else "grid"), scheduler=search.get("scheduler", "fifo"),
+                     num_samples=search.get("num_samples", 16), pretraining=pretraining, source=source, tune=tune,
+                     search_seed=search.get("seed", SEARCH_SEED))
     check_spec(spec)
     return spec
+
+
+def _tune(value: Any, where: str) -> tuple[str, ...]:
+    """[search] tune: "all", or a list of algorithms; () when absent."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise SweepError(f"{where}={value!r}: give \"all\" or a list of algorithms, e.g. [\"fedselect\", \"fedavg\"]")
+    bad = [n for n in names if n != ALL and n not in ALGORITHMS]
+    if bad or (ALL in names and len(names) > 1):
+        raise SweepError(f"{where}={value!r}: " + (f"{bad[0]!r} is not an algorithm; choose among "
+                         f"{', '.join(ALGORITHMS)}" if bad else "\"all\" stands alone") + " (or \"all\")")
+    return tuple(names)
+
+
+def _method(entry: dict[str, Any], where: str, tuned: bool) -> Method:
+    """One [[methods]] entry. Run as declared with `anchor = true`, or under [search] tune with
+    `fixed = true` (every other method is searched there, anchors included)."""
+    entry = dict(entry)
+    algorithm = entry.pop("algorithm", None)
+    if algorithm not in ALGORITHMS:
+        raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    key, other = ("fixed", "anchor") if tuned else ("anchor", "fixed")
+    if other in entry:
+        raise SweepError(f"{where}: `{other}` " + (
+            "is not used under [search] tune, where every method is searched with the same budget, anchors "
+            "included; write `fixed = true` to run a method as declared" if tuned else
+            "only goes with [search] tune; without it `anchor = true` runs a method as declared"))
+    anchor = entry.pop(key, False)
+    if not isinstance(anchor, bool):
+        raise SweepError(f"{where}: {key}={anchor!r} must be true or false")
+    return Method(algorithm, {k: _value(v, f"{where} {k}") for k, v in entry.items()}, anchor)
 
 
 def _pretraining(table: Any, where: str) -> Method:
@@ -239,8 +283,72 @@ def check_spec(spec: StudySpec) -> None:
                          f"an anchor and once in --algorithms; --anchors NAME... sets the anchors)")
     if spec.search == "optuna" and not any(not m.anchor for m in spec.methods):
         raise SweepError(f"{where}: search kind = optuna needs a method that is not an anchor to search")
+    if spec.selects and (not isinstance(spec.search_seed, int) or isinstance(spec.search_seed, bool)
+                         or spec.search_seed in spec.seeds):
+        raise SweepError(f"{where}: [search] seed = {spec.search_seed!r}: the search runs on a seed of its own, never "
+                         f"reported, so it must be an integer outside the study's seeds {list(spec.seeds)}")
+    if spec.tune:
+        _check_tune(spec, where)
     if spec.pretraining is not None:
         _check_pretraining(spec, where)
+
+
+def tuned(spec: StudySpec, method: Method) -> bool:
+    """Whether [search] tune searches this method in its declared space."""
+    return bool(spec.tune) and not method.anchor and (spec.tune == (ALL,) or method.algorithm in spec.tune)
+
+
+def _check_tune(spec: StudySpec, where: str) -> None:
+    """[search] tune: a search over sampled configurations, methods the study runs, enough seeds to
+    confirm on, and no [knobs] value for a knob a tuned method searches (the method's own entry
+    fixes a knob, or narrows its space)."""
+    if spec.search != "optuna":
+        raise SweepError(f"{where}: [search] tune samples each method's configurations: kind = \"optuna\" (its "
+                         f"default), not {spec.search!r}")
+    missing = sorted(set(spec.tune) - {ALL} - {m.algorithm for m in spec.methods})
+    if missing:
+        raise SweepError(f"{where}: [search] tune names {', '.join(missing)}, which the study does not run; its "
+                         f"methods: {', '.join(dict.fromkeys(m.algorithm for m in spec.methods))}")
+    if len(spec.seeds) < MIN_CONFIRM_SEEDS:
+        raise SweepError(f"{where}: [search] tune confirms each method's selected configuration on the study's seeds, "
+                         f"and the paired t-test over seeds behind every mark and claim needs at least "
+                         f"{MIN_CONFIRM_SEEDS}; got seeds = {list(spec.seeds)}")
+    if spec.pretraining is not None:
+        raise SweepError(f"{where}: [search] tune with a [pretraining] is not supported yet (each confirm seed "
+                         f"would need its own pretraining); run the second stage as a grid")
+    for method in spec.methods:
+        searched = [k for k in search_space(method.algorithm) if k not in method.knobs] if tuned(spec, method) else []
+        clash = [k for k in searched if k in spec.knobs]
+        if clash:
+            raise SweepError(f"{where}: {clash[0]} = {show_value(spec.knobs[clash[0]])} in [knobs], but [search] tune "
+                             f"searches {method.algorithm}'s {clash[0]} in {search_space(method.algorithm)[clash[0]]}; "
+                             f"to fix it, set it in the method's entry (or `fixed = true` for the whole method)")
+
+
+def with_tuning(spec: StudySpec) -> StudySpec:
+    """The spec as its trials run under [search] tune: each tuned method's entry holds its search
+    space (the declared one, `fl_core.config.search_space`, where the entry does not set the knob)
+    and every other method is run as declared. Unchanged without tune; applying it twice changes
+    nothing."""
+    if not spec.tune:
+        return spec
+    methods = []
+    for method in spec.methods:
+        if tuned(spec, method):
+            declared = {k: _domain(s) for k, s in search_space(method.algorithm).items() if k not in method.knobs}
+            methods.append(replace(method, knobs=declared | method.knobs))
+        else:
+            methods.append(replace(method, anchor=True))
+    return replace(spec, methods=tuple(methods))
+
+
+def _domain(space: Space) -> Range | list:
+    return list(space.choices) if space.choices else Range(float(space.low), float(space.high), space.log)
+
+
+def show_value(value: Any) -> str:
+    """A knob value as a command line or a message writes it: a list space-separated, None as none."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else "none" if value is None else str(value)
 
 
 def _check_pretraining(spec: StudySpec, where: str) -> None:
@@ -292,10 +400,23 @@ def _check_range(name: str, value: Any, spec: StudySpec) -> None:
                          f"data setting of its own)")
 
 
+def budget_line(spec: StudySpec) -> str:
+    """What selection each method had: the budget per (data setting, method), the seed it ran
+    on, and the methods run as declared."""
+    searched = sorted({m.algorithm for m in spec.methods if not m.anchor})
+    fixed = sorted({m.algorithm for m in spec.methods if m.anchor})
+    budget = f"{spec.num_samples} Optuna configurations" if spec.search == "optuna" else "its grid"
+    return (("tuned alike" if spec.tune else "searched") + f": {', '.join(searched)}, each with {budget}"
+            + (" under ASHA" if spec.scheduler == "asha" else "") + f" per data setting, on search seed "
+            f"{spec.search_seed} (never reported), by validation accuracy; confirmed on seeds "
+            f"{', '.join(map(str, spec.seeds))}" + (f"; run as declared: {', '.join(fixed)}" if fixed else ""))
+
+
 # ====================================================================== flags over the spec
 def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[str] | None = None,
                    anchors: list[str] | None = None, seeds: list[int] | None = None, search: str | None = None,
-                   scheduler: str | None = None, num_samples: int | None = None) -> StudySpec:
+                   scheduler: str | None = None, num_samples: int | None = None, tune: list[str] | None = None,
+                   search_seed: int | None = None) -> StudySpec:
     """The spec with command-line values: a knob given on the command line replaces its value in
     [knobs] and in every method entry that sets it (a method knob goes to [knobs] when no entry
     sets it); `algorithms` / `anchors` replace the searched / anchor method entries (entries of
@@ -318,9 +439,12 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
             methods[i] = replace(methods[i], knobs=methods[i].knobs | {name: value})
         if not setting or name in top or name in COMMON_KNOBS:
             top[name] = value
+    tuning = _tune(tune, "--tune") if tune is not None else spec.tune
     out = replace(spec, knobs=top, methods=tuple(methods), seeds=tuple(seeds) if seeds is not None else spec.seeds,
-                  search=search or spec.search, scheduler=scheduler or spec.scheduler,
-                  num_samples=num_samples if num_samples is not None else spec.num_samples)
+                  search=search or ("optuna" if tuning and not spec.tune else spec.search),
+                  scheduler=scheduler or spec.scheduler,
+                  num_samples=num_samples if num_samples is not None else spec.num_samples, tune=tuning,
+                  search_seed=search_seed if search_seed is not None else spec.search_seed)
     check_spec(out)
     return out
 
@@ -341,6 +465,7 @@ def _replace_methods(methods: list[Method], names: list[str], anchor: bool) -> l
 def resolved(spec: StudySpec) -> StudySpec:
     """The spec with every semantic common knob explicit (defaults filled in), so that a resumed
     sweep computes the same trials whatever the code's defaults become."""
+    spec = with_tuning(spec)
     default = RunConfig().to_dict()
     fixed = {k: default[k] for k in COMMON_KNOBS if k not in NOT_IN_SPEC and k not in NON_SEMANTIC}
     pre = spec.pretraining
@@ -354,14 +479,17 @@ def to_toml(spec: StudySpec) -> str:
     lines = [f"# resolved study spec: {spec.source or spec.name} with the command line applied",
              f"name = {_toml(spec.name)}", f"description = {_toml(spec.description)}",
              f"seeds = {_toml(list(spec.seeds))}", "", "[search]", f"kind = {_toml(spec.search)}",
-             f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}", "", "[knobs]"]
+             f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}"]
+    lines += [f"tune = {_toml(list(spec.tune))}"] if spec.tune else []
+    lines += [f"seed = {spec.search_seed}"] if spec.selects else []
+    lines += ["", "[knobs]"]
     lines += [f"{k} = {_toml(v)}" for k, v in spec.knobs.items()]
     if spec.pretraining is not None:
         lines += ["", "[pretraining]", f"algorithm = {_toml(spec.pretraining.algorithm)}"]
         lines += [f"{k} = {_toml(v)}" for k, v in spec.pretraining.knobs.items()]
     for method in spec.methods:
         lines += ["", "[[methods]]", f"algorithm = {_toml(method.algorithm)}"]
-        lines += ["anchor = true"] if method.anchor else []
+        lines += [f"{'fixed' if spec.tune else 'anchor'} = true"] if method.anchor else []
         lines += [f"{k} = {_toml(v)}" for k, v in method.knobs.items()]
     return "\n".join(lines) + "\n"
 

@@ -8,11 +8,13 @@ With a search or a scheduler, selection must not mislead, so the sweep runs in s
 Ray Tune experiment of its own (folder `tune-<stage>` in the sweep, resumed stage by stage):
   anchors     the anchor methods on every data setting and seed, to completion, no scheduler
   select-<i>  one per (data setting, searched method): the method's grid (ASHA) or an Optuna
-              search of `num_samples` configurations, on the first seed, scheduled/maximised on
+              search of `num_samples` configurations, on the search seed ([search] seed, never
+              one of the study's seeds: a select run is never reported), scheduled/maximised on
               the trial's `objective`: validation accuracy (a validation split is required). Data
               settings are never a search dimension and never share an ASHA bracket
   confirm     per select stage, its best COMPLETED configuration (highest objective at the final
-              round; an early-stopped trial never wins) re-run on the other seeds, to completion
+              round; an early-stopped trial never wins) re-run on every seed of the study, to
+              completion
 A study with a [pretraining] table (a grid only) runs a stage before them:
   pretrain    one run of the table's method per data setting, seed and model of the trials
               (`pretraining_config`): it writes its final model to <sweep>/checkpoints/<hash>.pt
@@ -34,7 +36,7 @@ from fl_core.results import setting_label
 
 from .errors import SweepError
 from .plan import reached_last_round
-from .spec import Method, Range, StudySpec
+from .spec import Method, Range, StudySpec, with_tuning
 
 OBJECTIVE = "objective"   # what every trial reports for selection (see `objective_of`)
 
@@ -142,6 +144,7 @@ def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
 # ---------------------------------------------------------------------- stages
 def plan_stages(spec: StudySpec) -> list[Stage]:
     """The stages of a sweep, every config validated (raises ConfigError / SweepError)."""
+    spec = with_tuning(spec)
     if spec.pretraining is not None:
         if spec.selects:
             raise SweepError(f"{spec.source or spec.name}: a study with a [pretraining] runs a grid (no search, no "
@@ -153,7 +156,7 @@ def plan_stages(spec: StudySpec) -> list[Stage]:
     anchors = grid_trials(spec, anchors=True)
     if anchors:
         stages.append(Stage("tune-anchors", "anchor", tuple(anchors)))
-    first = spec.seeds[:1]
+    first = [spec.search_seed]
     index = 0
     for setting in data_settings(spec):
         for method in spec.methods:
@@ -209,8 +212,8 @@ def _check_domains(base: RunConfig, domains: dict[str, Any]) -> None:
 
 
 def confirm_stage(spec: StudySpec, winners: list[RunConfig]) -> Stage | None:
-    """The winners of the select stages on the seeds other than the first (None: nothing to run)."""
-    trials = [("confirm", c.replace(seed=s)) for c in winners for s in spec.seeds[1:]]
+    """The winners of the select stages on every seed of the study (None: nothing to run)."""
+    trials = [("confirm", c.replace(seed=s)) for c in winners for s in spec.seeds]
     return Stage("tune-confirm", "confirm", tuple(trials)) if trials else None
 
 
@@ -226,9 +229,10 @@ def best_completed(results: list[tuple[RunConfig, dict[str, Any]]]) -> RunConfig
 
 def data_configs(spec: StudySpec, stages: list[Stage]) -> list[RunConfig]:
     """One config per data the sweep will need (every data setting on every seed, including the
-    seeds only a confirm stage will run), so that the driver loads each once."""
+    seeds only a confirm stage will run, and the search seed), so that the driver loads each once."""
+    seeds = [*spec.seeds, spec.search_seed] if spec.selects else list(spec.seeds)
     out = []
     for stage in stages:
         for _, config in stage.configs:
-            out += [config.replace(seed=s) for s in spec.seeds]
+            out += [config.replace(seed=s) for s in seeds]
     return out

@@ -37,7 +37,8 @@ from . import resources
 from .errors import SweepError
 from .folder import load_args, resume_name, saved_study, sweep_folder
 from .plan import SweepPlan, varying_knobs
-from .spec import SCHEDULERS, SEARCHES, Range, StudySpec, load_spec, resolved, with_overrides
+from .spec import (SCHEDULERS, SEARCHES, Range, StudySpec, budget_line, load_spec, resolved, show_value,
+                   with_overrides)
 from .stages import plan_stages
 
 NOT_FLAGS = ("algorithm", "device", "threads", "seed")   # seeds: --seeds
@@ -74,16 +75,12 @@ def study_of_file(path: str | Path) -> Study:
 
 
 # ====================================================================== flags
-def _shown(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else "none" if value is None else str(value)
-
-
 def spec_defaults(spec: StudySpec) -> dict[str, str]:
     """What each knob flag shows as its default: the file's value (per method entry where they differ)."""
-    shown = {k: _shown(v) for k, v in resolved(spec).knobs.items()}
+    shown = {k: show_value(v) for k, v in resolved(spec).knobs.items()}
     for method in spec.methods:
         for knob, value in method.knobs.items():
-            text = f"{method.algorithm}: {_shown(value)}"
+            text = f"{method.algorithm}: {show_value(value)}"
             shown[knob] = text if knob not in shown or shown[knob] == text else f"{shown[knob]}; {text}"
     return shown
 
@@ -129,14 +126,14 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     methods = parser.add_argument_group("methods and seeds")
     methods.add_argument("--algorithms", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="the compared (searched) methods, each with its knobs from the file where it has an "
-                              "entry (default: " + _shown([m.algorithm for m in spec.methods if not m.anchor]) + ")")
+                              "entry (default: " + show_value([m.algorithm for m in spec.methods if not m.anchor]) + ")")
     methods.add_argument("--anchors", nargs="*", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="methods run as anchors on every data setting, epochs value and seed, to completion, "
                               "outside any search or scheduler; none: --anchors (default: "
-                              + (_shown([m.algorithm for m in spec.methods if m.anchor]) or "none") + ")")
+                              + (show_value([m.algorithm for m in spec.methods if m.anchor]) or "none") + ")")
     methods.add_argument("--seeds", type=int, nargs="+", default=argparse.SUPPRESS,
                          help="one trial per seed and configuration; tables report mean ± std over seeds "
-                              f"(default: {_shown(list(spec.seeds))})")
+                              f"(default: {show_value(list(spec.seeds))})")
     add_run_arguments(parser, skip=NOT_FLAGS, many=_all_knobs(), defaults=spec_defaults(spec), only_given=True,
                       wrap_type=range_or_value)
 
@@ -172,6 +169,13 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                           f"the knobs given as lists (choices) or ranges LOW:HIGH (default: {spec.search})")
     run.add_argument("--num-samples", type=int, default=argparse.SUPPRESS,
                      help=f"--search optuna: configurations per data setting and method (default: {spec.num_samples})")
+    run.add_argument("--tune", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
+                     help="search every method (all) or these in the spaces their knobs declare, each with the "
+                          "same budget (--num-samples per data setting) on the search seed, then confirm on "
+                          "--seeds (5 or more) (default: " + (show_value(list(spec.tune)) or "none") + ")")
+    run.add_argument("--search-seed", type=int, default=argparse.SUPPRESS,
+                     help=f"the seed a search or scheduler selects on; never one of --seeds, never reported "
+                          f"(default: {spec.search_seed})")
     run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
                      help=f"asha: stop poor configurations early, per data setting and method, on validation "
                           f"accuracy (default: {spec.scheduler})")
@@ -200,7 +204,8 @@ def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
     given = vars(args)
     return with_overrides(spec, given_knobs(args), algorithms=given.get("algorithms"), anchors=given.get("anchors"),
                           seeds=given.get("seeds"), search=given.get("search"), scheduler=given.get("scheduler"),
-                          num_samples=given.get("num_samples"))
+                          num_samples=given.get("num_samples"), tune=given.get("tune"),
+                          search_seed=given.get("search_seed"))
 
 
 # ====================================================================== the run
@@ -231,7 +236,7 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     folder = sweep_folder(name, args)
     if args.resume:
         extra = sorted(set(given_knobs(args)) | ({"algorithms", "anchors", "seeds", "search", "scheduler",
-                                                   "num_samples"} & set(vars(args))))
+                                                   "num_samples", "tune", "search_seed"} & set(vars(args))))
         if extra:
             raise SweepError(f"--resume continues {folder.name} as it was planned (its study.toml); "
                              f"--{extra[0].replace('_', '-')} cannot change it; start a new sweep instead")
@@ -276,35 +281,38 @@ def describe(plan: SweepPlan) -> str:
     spec = plan.spec
     known = [c for stage in plan.stages if stage.kind != "pretrain" and not stage.searched for _, c in stage.configs]
     lines = [f"study {spec.name} ({spec.source}): search {spec.search}, scheduler {spec.scheduler}, "
-             f"seeds {_shown(list(spec.seeds))}; sweep folder {plan.folder}"]
-    settings = list(dict.fromkeys(config_columns(c)["setting"] for c in known))
+             f"seeds {show_value(list(spec.seeds))}; sweep folder {plan.folder}"]
+    every = [c for stage in plan.stages if stage.kind != "pretrain" for _, c in stage.configs]  # searches' bases too
+    settings = list(dict.fromkeys(config_columns(c)["setting"] for c in every))
     lines.append(f"data settings ({len(settings)}): " + "; ".join(settings))
     axes = {k: sorted({repr(c.semantic_dict()[k]) for c in known if k in c.semantic_dict()}) for k in plan.knobs}
     lines.append("grid axes: " + ("; ".join(f"{k} {' '.join(v)}" for k, v in axes.items() if len(v) > 1) or "none"))
     if spec.pretraining is not None:
         default = RunConfig(algorithm=spec.pretraining.algorithm).to_dict()
-        own = ", ".join(f"{k} {_shown(v)}" for k, v in spec.pretraining.knobs.items() if default.get(k) != v)
+        own = ", ".join(f"{k} {show_value(v)}" for k, v in spec.pretraining.knobs.items() if default.get(k) != v)
         lines.append(f"pretraining: {spec.pretraining.algorithm} ({own or 'its defaults'}) once per data setting, seed "
                      f"and model; every later trial starts from its final model (column `pretraining`: its hash)")
     for stage in plan.stages:
         if stage.searched:
             space = ", ".join(f"{k} ~ {'log-uniform' if getattr(d, 'log', False) else 'uniform'}({d.low:g}, {d.high:g})"
-                              if isinstance(d, Range) else f"{k} in {_shown(d)}" for k, d in stage.domains.items())
+                              if isinstance(d, Range) else f"{k} in {show_value(d)}" for k, d in stage.domains.items())
             lines.append(f"stage {stage.name} [{stage.group}]: Optuna, {spec.num_samples} configurations on seed "
-                         f"{spec.seeds[0]}" + (", ASHA" if spec.scheduler == "asha" else "") + f"; {space}")
+                         f"{spec.search_seed}" + (", ASHA" if spec.scheduler == "asha" else "") + f"; {space}")
         else:
             lines.append(f"stage {stage.name}{f' [{stage.group}]' if stage.group else ''}: {len(stage.configs)} trials"
                          + (", ASHA" if stage.kind == "select" and spec.scheduler == "asha" else ""))
-    if spec.selects and len(spec.seeds) > 1:
+    if spec.selects:
         groups = sum(1 for s in plan.stages if s.kind == "select")
         lines.append(f"stage tune-confirm: the best configuration of each select stage on seeds "
-                     f"{_shown(list(spec.seeds[1:]))}: {groups * (len(spec.seeds) - 1)} trials")
+                     f"{show_value(list(spec.seeds))}: {groups * len(spec.seeds)} trials")
+        lines.append(budget_line(spec))
     total = len(plan.configs) + sum(spec.num_samples for s in plan.stages if s.searched) + (
-        sum(1 for s in plan.stages if s.kind == "select") * (len(spec.seeds) - 1) if spec.selects else 0)
+        sum(1 for s in plan.stages if s.kind == "select") * len(spec.seeds) if spec.selects else 0)
     lines.append(f"{total} trials in all")
     rows = [{"stage": kind, **{k: c.semantic_dict().get(k, "-") for k in ("algorithm", *plan.knobs)}, "seed": c.seed}
             | ({"pretraining": c.config_hash() if kind == "pretrain" else c.pretrained} if spec.pretraining else {})
             for stage in plan.stages if not stage.searched for kind, c in stage.configs]
-    with pd.option_context("display.max_rows", 400, "display.width", 200):
-        lines.append(pd.DataFrame(rows).to_string(index=False))
+    if rows:  # a study whose every method is searched lists its samples only as they are drawn
+        with pd.option_context("display.max_rows", 400, "display.width", 200):
+            lines.append(pd.DataFrame(rows).to_string(index=False))
     return "\n".join(lines)

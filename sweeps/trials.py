@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 from ray import tune
 
-from fl_core.results import trial_row, write_parquet
+from fl_core.results import setting_label, trial_row, write_parquet
 
 from . import parquet_sink
 from .parquet_sink import read_trial
@@ -120,7 +120,22 @@ def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict,
                     wall_seconds=float(wall) if wall is not None else math.nan,
                     error=None if error is None else str(error)[:500], stage=stage or "grid",
                     objective=objective_of(run), **info)
+    if plan.spec.selects:  # the seed selection ran on: its select rows are never results (analysis.common)
+        row["search_seed"] = plan.spec.search_seed
+        row["search_budget"] = search_budget(plan, run) if stage in ("select", "confirm") else None
     return {"rounds_done": 0} | row
+
+
+def search_budget(plan: SweepPlan, run) -> int | None:
+    """How many configurations selection tried for this trial's (data setting, method): Optuna's
+    `num_samples`, or the size of the method's grid under a scheduler; None when none matches."""
+    key = (setting_label(run.to_dict()), run.label())
+    for stage in plan.stages:
+        if stage.kind == "select" and stage.configs:
+            config = stage.configs[0][1]
+            if (setting_label(config.to_dict()), config.label()) == key:
+                return plan.spec.num_samples if stage.searched else len(stage.configs)
+    return None
 
 
 def status_counts(trials: pd.DataFrame) -> str:

@@ -29,24 +29,25 @@ STAGED = ["--partition", "shards", "iid", "--val-fraction", "0.2", "--seeds", "0
 
 def check_staged(folder, rounds: int, samples: int, anchors: int = 2 * 2) -> pd.DataFrame:
     """What every staged sweep (search or scheduler) must give: per data setting, a select stage on
-    seed 0 (completed or stopped early), the best COMPLETED select trial by validation accuracy
-    confirmed on seed 1, anchors on both seeds to the final round."""
+    the search seed 1000 (completed or stopped early), the best COMPLETED select trial by
+    validation accuracy confirmed on seeds 0 and 1, anchors on both seeds to the final round."""
     trials = pd.read_parquet(folder / "trials.parquet")
     assert (trials.objective == "acc_val_mean").all()
     count = anchors
     anchors, select, confirm = (trials[trials.stage == kind] for kind in ("anchor", "select", "confirm"))
     assert len(anchors) == count and (anchors.status == "COMPLETED").all() and (anchors.rounds_done == rounds).all()
-    assert len(select) == 2 * samples and (select.seed == 0).all() and set(select.status) <= {"COMPLETED", "STOPPED"}
+    assert len(select) == 2 * samples and (select.seed == 1000).all() and set(select.status) <= {"COMPLETED", "STOPPED"}
+    assert (trials.search_seed == 1000).all()
     assert (select.loc[select.status == "STOPPED", "rounds_done"] < rounds).all()
     assert (select.loc[select.status == "COMPLETED", "rounds_done"] == rounds).all()   # never Tune's `done` alone
-    assert len(confirm) == 2 and (confirm.seed == 1).all() and (confirm.status == "COMPLETED").all()
+    assert len(confirm) == 2 * 2 and set(confirm.seed) == {0, 1} and (confirm.status == "COMPLETED").all()
     for setting, rows in select.groupby("setting"):
         assert rows.partition.nunique() == 1                       # the data are never searched
         done = rows[rows.status == "COMPLETED"]
         best = done.sort_values(["acc_val_mean", "config_hash"], ascending=[False, True]).iloc[0]  # ties: smaller hash
         assert rows.selected.sum() == 1 and rows.loc[rows.selected].config_hash.item() == best.config_hash
-        again = confirm[confirm.setting == setting].iloc[0]
-        assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
+        for again in confirm[confirm.setting == setting].itertuples():
+            assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
     rows = read_rounds(folder)
     assert len(rows) == int(trials.rounds_done.sum()) * 3 and not rows.duplicated(["config_hash", "round", "client"]).any()
     assert {p.name for p in folder.glob("tune-*")} == {"tune-anchors", "tune-select-0", "tune-select-1", "tune-confirm"}

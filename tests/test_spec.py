@@ -108,13 +108,14 @@ def test_dry_run_prints_stages_axes_and_data_settings_and_writes_nothing(tmp_pat
     assert run_main(["studies/fedselect_optuna.toml", "--results", str(tmp_path), "--dry-run", "--seeds", "0", "1"]) == 0
     out = capsys.readouterr().out
     assert "data settings (2): digits, Dir(0.1); digits, Dir(0.5)" in out
-    assert "stage tune-select-0 [digits, Dir(0.1) / FedSelect]: Optuna, 12 configurations on seed 0, ASHA" in out
+    assert "stage tune-select-0 [digits, Dir(0.1) / FedSelect]: Optuna, 12 configurations on seed 1000, ASHA" in out
     assert "lr ~ log-uniform(0.02, 0.3)" in out and "stage tune-confirm" in out
-    assert f"{8 + 2 * 12 + 2} trials in all" in out
+    assert "confirmed on seeds 0, 1; run as declared: fedavg, local" in out
+    assert f"{8 + 2 * 12 + 2 * 2} trials in all" in out
     assert not any(tmp_path.iterdir())
 
 
-def test_selection_stages_anchors_apart_one_per_data_setting_on_the_first_seed():
+def test_selection_stages_anchors_apart_one_per_data_setting_on_the_search_seed():
     spec = resolved(parse_spec({"name": "s", "seeds": [3, 4, 5], "search": {"scheduler": "asha"},
                                 "knobs": {"dir_alpha": [0.1, 0.5], "partition": "dirichlet", "val_fraction": 0.1},
                                 "methods": [{"algorithm": "fedselect", "pers_rate": [0.1, 0.5]},
@@ -123,7 +124,7 @@ def test_selection_stages_anchors_apart_one_per_data_setting_on_the_first_seed()
     assert [s.name for s in stages] == ["tune-anchors", "tune-select-0", "tune-select-1"]
     assert {c.seed for _, c in stages[0].configs} == {3, 4, 5} and len(stages[0].configs) == 2 * 3
     for stage, alpha in zip(stages[1:], (0.1, 0.5)):
-        assert {(c.seed, c.dir_alpha) for _, c in stage.configs} == {(3, alpha)} and len(stage.configs) == 2
+        assert {(c.seed, c.dir_alpha) for _, c in stage.configs} == {(1000, alpha)} and len(stage.configs) == 2
     a, b = (c for _, c in stages[1].configs)
     stopped_higher = [(a, {"round": 10, "done": True, "objective": 0.99}), (b, {"round": 20, "objective": 0.5})]  # Tune sets done on stopped trials too
     assert best_completed(stopped_higher) == b                   # an early-stopped trial never wins
@@ -131,8 +132,8 @@ def test_selection_stages_anchors_apart_one_per_data_setting_on_the_first_seed()
     tie = best_completed([(a, {"round": 20, "objective": 0.5}), (b, {"round": 20, "objective": 0.5})])
     assert tie.config_hash() == min(a.config_hash(), b.config_hash())
     confirm = confirm_stage(spec, [b])
-    assert [(kind, c.seed) for kind, c in confirm.configs] == [("confirm", 4), ("confirm", 5)]
-    assert confirm.configs[0][1].replace(seed=3).config_hash() == b.config_hash()
+    assert [(kind, c.seed) for kind, c in confirm.configs] == [("confirm", 3), ("confirm", 4), ("confirm", 5)]
+    assert confirm.configs[0][1].replace(seed=1000).config_hash() == b.config_hash()
 
 
 def test_resume_uses_the_saved_study_and_refuses_new_knobs(tmp_path, capsys):

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from ..client_state import ClientState
 from ..data import ClientData
 from ..functional import functional_cross_entropy
-from ..knobs import MethodParams, knob
+from ..knobs import MethodParams, Space, knob
 from ..training import State, cross_entropy
 from .base import Algorithm, LocalStats
 
@@ -56,7 +56,8 @@ from .base import Algorithm, LocalStats
 @dataclass(frozen=True)
 class APFLParams(MethodParams):
     apfl_alpha: float = knob(0.25, "mixing weight α of the personal model in v̄ = α·v + (1-α)·w (fixed, or the "
-                             "start of the adaptive α)", low=0, high=1)
+                             "start of the adaptive α)", low=0, high=1,
+                             search=Space(choices=(0.25, 0.5, 0.75), source="the paper's fixed α, {0.25, 0.5, 0.75}"))
     apfl_adaptive: bool = knob(False, "learn each client's α by gradient descent on its loss (clipped to [0, 1])")
     apfl_alpha_lr: float | None = knob(None, "step size of the adaptive α (none: the round's learning rate, as the "
                                        "paper)", low=0, low_open=True)

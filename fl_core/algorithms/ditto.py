@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..client_state import ClientState
 from ..data import ClientData
-from ..knobs import MethodParams, knob
+from ..knobs import MethodParams, Space, knob
 from ..training import State
 from .base import Algorithm, LocalStats
 
@@ -37,7 +37,8 @@ from .base import Algorithm, LocalStats
 @dataclass(frozen=True)
 class DittoParams(MethodParams):
     ditto_lambda: float = knob(1.0, "weight λ of the proximal term λ/2·||v - w||² of the personal model "
-                               "(1 = the paper's clean-data setting)", low=0)
+                               "(1 = the paper's clean-data setting)", low=0,
+                               search=Space(choices=(0.1, 1.0, 2.0), source="the paper's grid of λ, {0.1, 1, 2}"))
 
 
 class Ditto(Algorithm):

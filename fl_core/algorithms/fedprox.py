@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..client_state import ClientState
 from ..data import ClientData
-from ..knobs import knob
+from ..knobs import Space, knob
 from .base import LocalStats
 from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
 
@@ -34,7 +34,9 @@ from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
 @dataclass(frozen=True)
 class FedProxParams(FineTuneParams):
     mu: float = knob(0.01, "weight μ of the proximal term μ/2·||w - w_global||² in every local step "
-                     "(0: FedAvg exactly)", low=0)
+                     "(0: FedAvg exactly)", low=0,
+                     search=Space(choices=(0.001, 0.01, 0.1, 1.0), source="the paper's candidate set of μ, "
+                                  "{0.001, 0.01, 0.1, 1}"))
 
 
 class FedProx(FineTuning):

@@ -52,7 +52,7 @@ import torch
 
 from ..client_state import ClientState, PackedMask
 from ..data import ClientData
-from ..knobs import ConfigError, MethodParams, knob
+from ..knobs import ConfigError, MethodParams, Space, knob
 from ..masks import as_float, grow_count, personal_fraction, select_largest
 from ..models import block_of
 from ..training import State, derive_seed
@@ -65,8 +65,11 @@ VARIANT_LABELS = {"personalize_least": "personalize least", "random": "random"}
 
 @dataclass(frozen=True)
 class FedSelectParams(MethodParams):
-    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round", low=0, high=1)
-    pers_limit: float = knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor", low=0, high=1)
+    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round", low=0, high=1,
+                            search=Space(0.05, 0.6, source="around the paper's p = 0.25; our grids' 0.1-0.5 widened"))
+    pers_limit: float = knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor", low=0, high=1,
+                             search=Space(0.2, 0.95, source="the paper's grid of alpha, 0.2-0.8 (its CIFAR-10 runs), "
+                                          "up to near local training"))
     select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every parameter)",
                               choices=("weights", "all"))
     fedselect_mode: str = knob("default", "semantics: default (DESIGN.md) or faithful (the public reference code)",

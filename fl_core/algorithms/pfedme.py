@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from ..client_state import ClientState
 from ..data import ClientData
 from ..functional import functional_cross_entropy, functional_sgd
-from ..knobs import MethodParams, knob
+from ..knobs import MethodParams, Space, knob
 from ..training import State, derive_seed
 from .base import Algorithm, LocalStats, Traffic
 
@@ -65,7 +65,9 @@ from .base import Algorithm, LocalStats, Traffic
 class PFedMeParams(MethodParams):
     pfedme_lambda: float = knob(15.0, "weight λ of the Moreau-envelope term λ/2·||θ - w||² binding the "
                                 "personalized model θ to the local model w (0: θ trains freely and w moves "
-                                "only by weight decay)", low=0)
+                                "only by weight decay)", low=0,
+                                search=Space(choices=(1.0, 5.0, 15.0, 30.0), source="around the authors' λ = 15 "
+                                             "(their non-convex runs); our copy of the paper gives no grid"))
     pfedme_k: int = knob(5, "K, inner gradient steps on each mini-batch approximating the personalized model θ̃",
                          low=1)
     pfedme_personal_lr: float = knob(0.09, "step size of the K inner steps on θ (the authors' non-convex runs)",
