@@ -294,18 +294,59 @@ def mask_rows(config, masks: Sequence[Mapping[str, Any] | None]) -> list[dict[st
     return rows
 
 
-def trial_row(config, rounds: pd.DataFrame, **info: Any) -> dict[str, Any]:
-    """One row per trial: config columns, the final round's summary (the last evaluated round's
-    accuracies) and `info` (status, wall time, provenance)."""
+REPORT_ROUNDS = ("last", "best_val")   # which evaluated round a trial's accuracies come from
+ACCURACY_KEYS = ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "acc_val_mean")
+LEARNED, COLLAPSED = 2.0, 1.25          # x chance: a run that reached the first and ends at the second collapsed
+
+
+def reported_round(history: Sequence[Mapping[str, Any]], report_round: str = "last") -> Mapping[str, Any] | None:
+    """The round summary a trial reports: its last evaluated round ("last"), or the evaluated
+    round with the best mean validation accuracy ("best_val"; the earliest of equal ones, the last
+    evaluated round where none has a validation accuracy); None before any evaluation."""
+    if report_round not in REPORT_ROUNDS:
+        raise ValueError(f"report_round={report_round!r}; choose one of {', '.join(REPORT_ROUNDS)}")
+    evaluated = [h for h in history if not math.isnan(h["acc_mean"])]
+    validated = [h for h in evaluated if not math.isnan(h.get("acc_val_mean", math.nan))]
+    if report_round == "best_val" and validated:
+        return max(validated, key=lambda h: (h["acc_val_mean"], -h["round"]))
+    return evaluated[-1] if evaluated else None
+
+
+def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chance: float | None = None) -> str:
+    """Why a run diverged, "" when it did not: a training loss that became infinite, or NaN in a
+    client that had a finite one before (a NaN loss alone means the client did not train that
+    round), or, given `chance` (1 / number of classes), a mean accuracy that reached LEARNED x
+    chance and ended at or below COLLAPSED x chance (it learned, then fell to chance)."""
+    rows = rounds.sort_values("round", kind="stable")
+    loss = rows["loss"].astype(float)
+    finite = pd.Series(np.isfinite(loss.to_numpy()), index=rows.index)
+    before = finite.groupby(rows["client"]).transform(lambda f: f.shift(fill_value=False).cummax())
+    bad = loss[np.isinf(loss) | (loss.isna() & before)]
+    if len(bad):
+        return f"training loss {bad.iloc[0]} at round {int(rows.loc[bad.index[0], 'round'])}"
+    accuracy = [h["acc_mean"] for h in history if not math.isnan(h["acc_mean"])]
+    if chance and accuracy and max(accuracy) >= LEARNED * chance and accuracy[-1] <= COLLAPSED * chance:
+        return f"fell to chance: mean accuracy {accuracy[-1]:.3f} after {max(accuracy):.3f} (chance {chance:.3f})"
+    return ""
+
+
+def trial_row(config, rounds: pd.DataFrame, report_round: str = "last", chance: float | None = None,
+              **info: Any) -> dict[str, Any]:
+    """One row per trial: config columns, the final round's summary with the accuracies of the
+    reported round (`reported_round`; `report_round` names the rule), whether the run diverged
+    (`diverged`, `diverged_why`: `divergence`) and `info` (status, wall time, provenance)."""
     row = config_columns(config)
     if len(rounds):
         history = summarize_trial(rounds)
         final = dict(history[-1])
-        evaluated = [h for h in history if not math.isnan(h["acc_mean"])]
-        if evaluated:
-            for key in ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "acc_val_mean"):
-                final[key] = evaluated[-1][key]
-        row |= {k: v for k, v in final.items() if k != "round"} | {"rounds_done": final["round"]}
+        reported = reported_round(history, report_round)
+        if reported is not None:
+            final |= {key: reported[key] for key in ACCURACY_KEYS}
+        why = divergence(rounds, history, chance)
+        row |= {k: v for k, v in final.items() if k != "round"} | {
+            "rounds_done": final["round"], "report_round": report_round,
+            "reported_round": reported["round"] if reported is not None else math.nan,
+            "diverged": bool(why), "diverged_why": why}
     return row | info
 
 

@@ -151,7 +151,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, data_refs=refs, sweep_dir=str(folder), sweep=folder.name, resources=request,
                              checkpoint_every=args.checkpoint_every, crash_at_round=args.inject_crash_at_round,
-                             reproducible=args.reproducible),
+                             reproducible=args.reproducible, report_round=plan.spec.report_round),
         request.as_tune())
     TrialLedger.seen = {}
     stages, ran, repaired = list(plan.stages), [], []
@@ -371,7 +371,8 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
     from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
     link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
     if link:
-        print(f"[sweep] this sweep's trials in MLflow, best first: {link}")
+        print(f"[sweep] this sweep's trials in MLflow (best validation accuracy first where there is a split, "
+              f"else in start order): {link}")
     full = trials["error"].fillna("").str.contains("|".join(os.strerror(e) for e in DISK_ERRORS), regex=True) \
         if "error" in trials else pd.Series(False, index=trials.index)
     if full.any():  # a trial failed because the disk refused its write: say so, once

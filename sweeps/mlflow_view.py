@@ -9,7 +9,8 @@ over is a saved view: an experiment tag `mlflow.sharedViewState.<id>` holding a 
 `#/experiments/<id>/runs?viewStateShareKey=<id>` (the link must carry no filter or sort of its
 own, or the page ignores the view). Each sweep gets one, named `sweep <name>`:
   filter   `tags.sweep = '<name>' and tags.role = 'trial'` (the trials, not the sweep's own run)
-  sort     final `acc_mean`, best first
+  sort     final `acc_val_mean`, best first, where the trials have a validation split, else in
+           the order they started: never by test accuracy (a sorted list is a selection)
   columns  the knobs that vary among the trials (the method first), then acc_mean, acc_val_mean
            (when the data has a validation split) and mb_total
   charts   every trial drawn (not MLflow's default of the first 10 runs); a section with acc_mean
@@ -32,7 +33,7 @@ from urllib.parse import urlencode
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # where `mlflow ui` listens unless told otherwise
 FINAL_METRICS = ("acc_mean", "acc_val_mean", "mb_total")
-ORDER_BY = "metrics.`acc_mean`"
+ORDER_BY, ORDER_NEUTRAL = "metrics.`acc_val_mean`", "attributes.start_time"
 # Knobs named in every run name and shown in every view of a method (FedSelect: p and α).
 ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
 MAX_TAG_VALUE = 20000  # MLflow's limit on an experiment tag's value
@@ -72,6 +73,12 @@ def final_metrics(configs: Iterable[Any]) -> list[str]:
     return [m for m in FINAL_METRICS if m != "acc_val_mean" or with_val]
 
 
+def order_of(metrics: list[str]) -> tuple[str, bool]:
+    """(orderByKey, ascending) of a sweep's runs: validation accuracy, best first, when the view
+    shows it; else the start order."""
+    return (ORDER_BY, False) if "acc_val_mean" in metrics else (ORDER_NEUTRAL, True)
+
+
 def view_state(sweep: str, knobs: list[str], metrics: list[str]) -> dict[str, Any]:
     """The runs page state of the sweep's view (search facets and UI state, as MLflow keeps them)."""
     columns = [f"params.`{k}`" for k in knobs] + [f"metrics.`{m}`" for m in metrics]
@@ -89,7 +96,7 @@ def view_state(sweep: str, knobs: list[str], metrics: list[str]) -> dict[str, An
         charts.append({**card, "uuid": "sweep-knobs", "type": "PARALLEL", "selectedParams": parallel,
                        "selectedMetrics": ["acc_mean"], "showAllRuns": False})
     return {
-        "searchFilter": trials_filter(sweep), "orderByKey": ORDER_BY, "orderByAsc": False,
+        "searchFilter": trials_filter(sweep), "orderByKey": order_of(metrics)[0], "orderByAsc": order_of(metrics)[1],
         "selectedColumns": columns, "columnOrder": ["attributes.`Run Name`", *columns],
         "columnWidths": {"attributes.`Run Name`": 320},
         "runsHiddenMode": "SHOW_ALL",  # the charts draw every trial, not the first 10 runs
@@ -145,14 +152,15 @@ def save_sweep_view(client, experiment_id: str, sweep: str, configs: list[Any]) 
 def runs_view_url(experiment_id: str, sweep: str | None, mode: str = "TABLE", host: str = DEFAULT_UI,
                   saved_view: bool = False) -> str:
     """The runs page of one sweep: its saved view (`saved_view=True`), else the same filter and
-    sort spelled in the URL (any MLflow 2.x/3.x, columns left as the browser has them); with no
-    sweep, the experiment's whole runs page."""
+    sort spelled in the URL (any MLflow 2.x/3.x, columns left as the browser has them; the start
+    order, as the link cannot know whether the trials have a validation split); with no sweep, the
+    experiment's whole runs page."""
     if sweep is None:
         query = {"compareRunsMode": mode}
     elif saved_view:
         query = {"viewStateShareKey": view_id(sweep), "compareRunsMode": mode}
     else:
-        query = {"searchFilter": trials_filter(sweep), "orderByKey": ORDER_BY, "orderByAsc": "false",
+        query = {"searchFilter": trials_filter(sweep), "orderByKey": ORDER_NEUTRAL, "orderByAsc": "true",
                  "compareRunsMode": mode}
     return f"{host.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 

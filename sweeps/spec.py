@@ -3,6 +3,8 @@
     name = "fedselect_grid"                  # MLflow experiment and sweep-name prefix
     description = "FedSelect grid ..."
     seeds = [0, 1, 2]                        # one trial per seed and configuration
+    report_round = "last"                    # or "best_val": each run's round with the best mean
+                                             # validation accuracy (needs val_fraction > 0)
 
     [search]
     kind = "grid"                            # grid | optuna (sampled configurations per data setting)
@@ -76,12 +78,13 @@ from typing import Any
 from fl_core.algorithms import ALGORITHMS
 from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners, search_space
 from fl_core.knobs import Space
+from fl_core.results import REPORT_ROUNDS
 
 from .errors import SweepError
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("fifo", "asha")
-TOP_KEYS = ("name", "description", "seeds", "search", "knobs", "methods", "pretraining")
+TOP_KEYS = ("name", "description", "seeds", "report_round", "search", "knobs", "methods", "pretraining")
 SEARCH_KEYS = ("kind", "scheduler", "num_samples", "tune", "seed")
 SEARCH_SEED = 1000        # the search's own seed by default: never one of a study's reported seeds
 MIN_CONFIRM_SEEDS = 5     # a study with `tune`: the tables' and claims' paired t-test over seeds needs 5
@@ -125,6 +128,7 @@ class StudySpec:
     tune: tuple[str, ...] = ()                              # [search] tune: the algorithms searched in their
                                                             # declared spaces ("all": every method not fixed)
     search_seed: int = SEARCH_SEED                          # [search] seed: the seed selection runs on
+    report_round: str = "last"                              # last | best_val: the round a trial reports
 
     @property
     def selects(self) -> bool:
@@ -163,7 +167,7 @@ def parse_spec(raw: dict[str, Any], source: str = "study") -> StudySpec:
                      seeds=tuple(seeds), knobs=knobs, methods=methods,
                      search=search.get("kind", "optuna" if tune else "grid"), scheduler=search.get("scheduler", "fifo"),
                      num_samples=search.get("num_samples", 16), pretraining=pretraining, source=source, tune=tune,
-                     search_seed=search.get("seed", SEARCH_SEED))
+                     search_seed=search.get("seed", SEARCH_SEED), report_round=raw.get("report_round", "last"))
     check_spec(spec)
     return spec
 
@@ -246,6 +250,9 @@ def check_spec(spec: StudySpec) -> None:
         raise SweepError(f"{where}: search kind={spec.search!r}; choose one of {', '.join(SEARCHES)}")
     if spec.scheduler not in SCHEDULERS:
         raise SweepError(f"{where}: scheduler={spec.scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
+    if spec.report_round not in REPORT_ROUNDS:
+        raise SweepError(f"{where}: report_round={spec.report_round!r}; choose one of {', '.join(REPORT_ROUNDS)} (the "
+                         f"last round, or each run's round with the best mean validation accuracy)")
     if not isinstance(spec.num_samples, int) or spec.num_samples < 1:
         raise SweepError(f"num_samples={spec.num_samples!r} must be an integer >= 1")
     if not spec.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.seeds):
@@ -416,7 +423,7 @@ def budget_line(spec: StudySpec) -> str:
 def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[str] | None = None,
                    anchors: list[str] | None = None, seeds: list[int] | None = None, search: str | None = None,
                    scheduler: str | None = None, num_samples: int | None = None, tune: list[str] | None = None,
-                   search_seed: int | None = None) -> StudySpec:
+                   search_seed: int | None = None, report_round: str | None = None) -> StudySpec:
     """The spec with command-line values: a knob given on the command line replaces its value in
     [knobs] and in every method entry that sets it (a method knob goes to [knobs] when no entry
     sets it); `algorithms` / `anchors` replace the searched / anchor method entries (entries of
@@ -444,7 +451,8 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
                   search=search or ("optuna" if tuning and not spec.tune else spec.search),
                   scheduler=scheduler or spec.scheduler,
                   num_samples=num_samples if num_samples is not None else spec.num_samples, tune=tuning,
-                  search_seed=search_seed if search_seed is not None else spec.search_seed)
+                  search_seed=search_seed if search_seed is not None else spec.search_seed,
+                  report_round=report_round or spec.report_round)
     check_spec(out)
     return out
 
@@ -478,7 +486,8 @@ def resolved(spec: StudySpec) -> StudySpec:
 def to_toml(spec: StudySpec) -> str:
     lines = [f"# resolved study spec: {spec.source or spec.name} with the command line applied",
              f"name = {_toml(spec.name)}", f"description = {_toml(spec.description)}",
-             f"seeds = {_toml(list(spec.seeds))}", "", "[search]", f"kind = {_toml(spec.search)}",
+             f"seeds = {_toml(list(spec.seeds))}", f"report_round = {_toml(spec.report_round)}", "", "[search]",
+             f"kind = {_toml(spec.search)}",
              f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}"]
     lines += [f"tune = {_toml(list(spec.tune))}"] if spec.tune else []
     lines += [f"seed = {spec.search_seed}"] if spec.selects else []

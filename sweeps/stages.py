@@ -219,9 +219,11 @@ def confirm_stage(spec: StudySpec, winners: list[RunConfig]) -> Stage | None:
 
 def best_completed(results: list[tuple[RunConfig, dict[str, Any]]]) -> RunConfig | None:
     """The select trial to confirm: the highest objective among trials that reported their last
-    round (never one a scheduler stopped early); ties go to the smaller config hash, so a resumed sweep picks the same one."""
+    round (never one a scheduler stopped early) and did not diverge (the trainable's `diverged`);
+    ties go to the smaller config hash, so a resumed sweep picks the same one."""
     done = [(config, metrics[OBJECTIVE]) for config, metrics in results
-            if reached_last_round(config, metrics) and metrics.get(OBJECTIVE) == metrics.get(OBJECTIVE)]
+            if reached_last_round(config, metrics) and metrics.get(OBJECTIVE) == metrics.get(OBJECTIVE)
+            and not metrics.get("diverged", False)]
     if not done:
         return None
     return min(done, key=lambda pair: (-pair[1], pair[0].config_hash()))[0]

@@ -31,7 +31,7 @@ from typing import Any
 from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
 from fl_core.kernels import OPT_OUT
-from fl_core.results import results_problem
+from fl_core.results import REPORT_ROUNDS, results_problem
 
 from . import resources
 from .errors import SweepError
@@ -176,6 +176,10 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     run.add_argument("--search-seed", type=int, default=argparse.SUPPRESS,
                      help=f"the seed a search or scheduler selects on; never one of --seeds, never reported "
                           f"(default: {spec.search_seed})")
+    run.add_argument("--report-round", choices=REPORT_ROUNDS, default=argparse.SUPPRESS,
+                     help="which round each trial reports: last, or best_val (its round with the best mean "
+                          f"validation accuracy, as some papers report; needs --val-fraction) (default: "
+                          f"{spec.report_round})")
     run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
                      help=f"asha: stop poor configurations early, per data setting and method, on validation "
                           f"accuracy (default: {spec.scheduler})")
@@ -205,7 +209,7 @@ def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
     return with_overrides(spec, given_knobs(args), algorithms=given.get("algorithms"), anchors=given.get("anchors"),
                           seeds=given.get("seeds"), search=given.get("search"), scheduler=given.get("scheduler"),
                           num_samples=given.get("num_samples"), tune=given.get("tune"),
-                          search_seed=given.get("search_seed"))
+                          search_seed=given.get("search_seed"), report_round=given.get("report_round"))
 
 
 # ====================================================================== the run
@@ -236,7 +240,8 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     folder = sweep_folder(name, args)
     if args.resume:
         extra = sorted(set(given_knobs(args)) | ({"algorithms", "anchors", "seeds", "search", "scheduler",
-                                                   "num_samples", "tune", "search_seed"} & set(vars(args))))
+                                                   "num_samples", "tune", "search_seed", "report_round"}
+                                                  & set(vars(args))))
         if extra:
             raise SweepError(f"--resume continues {folder.name} as it was planned (its study.toml); "
                              f"--{extra[0].replace('_', '-')} cannot change it; start a new sweep instead")
@@ -254,6 +259,10 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     stages = plan_stages(spec)
     configs = [c for stage in stages for _, c in stage.configs]
     validate_trials(configs)
+    if spec.report_round == "best_val" and any(c.val_fraction <= 0 for c in configs):
+        raise SweepError("report_round = best_val reports each run's round with the best mean validation accuracy, "
+                         "and these trials have no validation split; give --val-fraction 0.1 (or val_fraction in "
+                         "the study's [knobs])")
     named = tuple(dict.fromkeys([k for m in spec.methods for k in m.knobs]
                                 + [k for stage in stages for k in stage.domains]))
     compared = [c for stage in stages if stage.kind != "pretrain" for _, c in stage.configs]  # a pretraining's

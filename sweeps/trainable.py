@@ -54,7 +54,7 @@ from ray import tune
 from fl_core import kernels
 from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
-from fl_core.results import client_rows, mask_rows, round_rows, summarize_round
+from fl_core.results import COLLAPSED, LEARNED, client_rows, mask_rows, round_rows, summarize_round
 from fl_core.simulation import Simulation
 
 from . import damage, parquet_sink
@@ -63,7 +63,35 @@ from .resources import TrialResources
 from .stages import OBJECTIVE, objective_of
 
 PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "threads", "config_hash",
-              "data_from_driver", "reported_at", "node_id", "kernels", "cpu_isa")
+              "data_from_driver", "reported_at", "node_id", "kernels", "cpu_isa", "chance")
+
+
+def _selection(progress: dict[str, Any], measured: float, report_round: str) -> float:
+    """The objective after this round: the latest validation accuracy (carried over rounds that
+    do not evaluate), or under report_round = best_val the best so far."""
+    before = progress.get("selection", math.nan)
+    if math.isnan(measured):
+        return before
+    return max(before, measured) if report_round == "best_val" and not math.isnan(before) else measured
+
+
+def _trained(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
+    return bool(progress.get("trained")) or math.isfinite(summary["loss_mean"])
+
+
+def _lost(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """Whether the training loss has been lost by this round, as far as the round means tell (the
+    trial row's `diverged` reads every client's: fl_core.results.divergence): a mean training loss
+    that is infinite, or NaN after a finite one. Once lost, always lost."""
+    loss = summary["loss_mean"]
+    return bool(progress.get("lost")) or math.isinf(loss) or (math.isnan(loss) and bool(progress.get("trained")))
+
+
+def _fell(progress: dict[str, Any], summary: dict[str, Any], chance: float) -> bool:
+    """Whether this round's mean accuracy is at or below COLLAPSED x chance after one at LEARNED x
+    chance or more (fl_core.results.divergence's rule at this round)."""
+    accuracy = summary["acc_mean"]
+    return progress.get("peak", 0.0) >= LEARNED * chance and not math.isnan(accuracy) and accuracy <= COLLAPSED * chance
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -77,9 +105,11 @@ def checkpoints_folder(sweep_dir: str | Path) -> Path:
 
 def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: str, sweep: str,
               resources: TrialResources, checkpoint_every: int = 1, crash_at_round: int | None = None,
-              reproducible: bool = True) -> None:
+              reproducible: bool = True, report_round: str = "last") -> None:
     """Tune function trainable (wrapped with `tune.with_parameters` by the launcher). `reproducible`:
-    the trial refuses to run unless its process runs the pinned kernels (fl_core/kernels.py)."""
+    the trial refuses to run unless its process runs the pinned kernels (fl_core/kernels.py).
+    `report_round` "best_val": the objective is the best validation accuracy so far (the round the
+    trial will report), else the latest."""
     logging.getLogger("ray").setLevel(logging.WARNING)
     kernel_line = kernels.require(reproducible)
     started_at = time.time()
@@ -118,7 +148,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
                   "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
                   "node_id": ray.get_runtime_context().get_node_id(),  # the Ray node the trial ran on (last run)
-                  "kernels": kernel_line, "cpu_isa": kernels.machine_isa()}
+                  "kernels": kernel_line, "cpu_isa": kernels.machine_isa(), "chance": 1.0 / data.num_classes}
     selected_on = objective_of(run)
     stop_after = config.get("trial", config).get("stop_after")  # a repair run: to the round Tune saw last
     for result in sim.run():
@@ -126,13 +156,15 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         parquet_sink.write_round(folder, key, result.round, rows)
         summary = summarize_round(rows, progress["mb_total"])
         accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
-        measured = summary[selected_on]
-        selection = progress.get("selection", math.nan) if math.isnan(measured) else measured
+        selection = _selection(progress, summary[selected_on], report_round)
         done = result.round == run.rounds
+        lost = _lost(progress, summary)
+        diverged = lost or _fell(progress, summary, provenance["chance"])
         report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
-                  "summary": summary, **provenance, "reported_at": time.time()}
+                  "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
-                    "last_report": report}
+                    "last_report": report, "lost": lost, "trained": _trained(progress, summary),
+                    "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)
             _finish(folder, sim, hands_on)

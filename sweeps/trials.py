@@ -116,7 +116,8 @@ def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict,
          ) -> dict[str, Any]:
     info = {k: metrics.get(k) for k in TRIAL_INFO}
     wall = metrics.get("time_total_s")
-    row = trial_row(run, rounds, sweep=plan.folder.name, trial_id=metrics.get("trial_id"), status=status,
+    row = trial_row(run, rounds, report_round=plan.spec.report_round, chance=metrics.get("chance"),
+                    sweep=plan.folder.name, trial_id=metrics.get("trial_id"), status=status,
                     wall_seconds=float(wall) if wall is not None else math.nan,
                     error=None if error is None else str(error)[:500], stage=stage or "grid",
                     objective=objective_of(run), **info)

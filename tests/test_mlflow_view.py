@@ -30,13 +30,13 @@ def _grid():
     return configs + [tiny(algorithm="fedavg", partition="dirichlet", dir_alpha=a) for a in (0.1, 0.5)]
 
 
-def test_runs_view_url_filters_the_sweep_and_sorts_by_final_accuracy():
+def test_runs_view_url_filters_the_sweep_and_never_sorts_by_test_accuracy():
     url = view.runs_view_url("7", "grid-1", mode="CHART", host="http://127.0.0.1:5001/")
     assert url.startswith("http://127.0.0.1:5001/#/experiments/7/runs?")
     path, query = _query(url)
     assert path == "/experiments/7/runs"
     assert query == {"searchFilter": "tags.sweep = 'grid-1' and tags.role = 'trial'",
-                     "orderByKey": "metrics.`acc_mean`", "orderByAsc": "false", "compareRunsMode": "CHART"}
+                     "orderByKey": "attributes.start_time", "orderByAsc": "true", "compareRunsMode": "CHART"}
     # the saved view: nothing else that would make the page ignore it
     _, query = _query(view.runs_view_url("7", "grid 1/b", saved_view=True))
     assert query == {"viewStateShareKey": "sweep-grid_1_b", "compareRunsMode": "TABLE"}
@@ -63,7 +63,10 @@ def test_view_state_columns_charts_and_envelope_round_trip():
     assert state["selectedColumns"] == ["params.`algorithm`", "params.`pers_rate`", "params.`seed`",
                                         "metrics.`acc_mean`", "metrics.`mb_total`"]
     assert state["columnOrder"] == ["attributes.`Run Name`", *state["selectedColumns"]]
-    assert state["runsHiddenMode"] == "SHOW_ALL" and state["orderByAsc"] is False
+    assert state["runsHiddenMode"] == "SHOW_ALL"
+    assert (state["orderByKey"], state["orderByAsc"]) == ("attributes.start_time", True)  # no split: start order
+    validated = view.view_state("g", ["algorithm"], ["acc_mean", "acc_val_mean"])
+    assert (validated["orderByKey"], validated["orderByAsc"]) == ("metrics.`acc_val_mean`", False)
     charts = {c["type"]: c for c in state["compareRunCharts"]}
     assert charts["BAR"]["metricKey"] == charts["LINE"]["metricKey"] == "acc_mean"
     assert charts["PARALLEL"]["selectedParams"] == ["pers_rate"]  # the method and the seed are no axes

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from fl_core.config import RunConfig
-from fl_core.results import (across_seeds, add_labels, client_mean, client_std, config_columns, summarize,
-                             summarize_round, weighted_mean)
+from fl_core.results import (across_seeds, add_labels, client_mean, client_std, config_columns, divergence,
+                             reported_round, summarize, summarize_round, weighted_mean)
 
 
 def test_the_vectorised_summary_agrees_with_the_scalar_definitions():
@@ -68,3 +68,38 @@ def test_every_method_says_which_model_its_accuracy_measures():
     said = {a: get_algorithm(a).evaluated_model() for a in ALGORITHMS}
     assert all(said.values())
     assert said["fedselect"] == "after local training" and said["fedavg"] == "after the broadcast"
+
+
+def _rounds(loss, acc, val):
+    """One client per round: its training loss, test and validation accuracy."""
+    n = len(loss)
+    return pd.DataFrame({"round": range(1, n + 1), "client": 0, "participated": True, "loss": loss, "acc": acc,
+                         "acc_val": val, "acc_local": acc, "acc_global": acc, "n_test": 10, "bytes_up": 0,
+                         "bytes_down": 0, "personal_fraction": 0.0})
+
+
+def test_a_trial_reports_its_last_or_its_best_validation_round():
+    from fl_core.results import summarize_trial, trial_row
+
+    rounds = _rounds([1.0, 0.8, 0.7], [0.50, 0.70, 0.60], [0.40, 0.75, 0.75])
+    last, best = (trial_row(RunConfig(rounds=3), rounds, report_round=rule) for rule in ("last", "best_val"))
+    assert (last["acc_mean"], last["reported_round"], last["report_round"]) == (0.60, 3, "last")
+    assert (best["acc_mean"], best["reported_round"]) == (0.70, 2)   # the earliest of equal validation accuracies
+    assert best["rounds_done"] == 3 and not best["diverged"]
+    with pytest.raises(ValueError, match="report_round='best'; choose one of last, best_val"):
+        reported_round(summarize_trial(rounds), "best")
+
+
+@pytest.mark.parametrize("loss, acc, chance, why", [
+    ([1.0, float("inf"), 0.5], [0.5, 0.6, 0.6], None, "training loss inf at round 2"),
+    ([1.0, float("nan"), float("nan")], [0.5, 0.1, 0.1], None, "training loss nan at round 2"),
+    ([float("nan"), 1.0, 0.9], [0.1, 0.5, 0.6], None, ""),                    # NaN before any training: no update
+    ([1.0, 0.5, 0.4], [0.50, 0.60, 0.12], 0.1, "fell to chance: mean accuracy 0.120 after 0.600 (chance 0.100)"),
+    ([1.0, 0.5, 0.4], [0.15, 0.18, 0.12], 0.1, ""),                          # never learned: not a collapse
+    ([1.0, 0.5, 0.4], [0.50, 0.12, 0.60], 0.1, ""),                          # a dip it recovered from
+])
+def test_divergence_is_a_lost_loss_or_a_fall_to_chance_after_learning(loss, acc, chance, why):
+    from fl_core.results import summarize_trial
+
+    rounds = _rounds(loss, acc, acc)
+    assert divergence(rounds, summarize_trial(rounds), chance) == why
