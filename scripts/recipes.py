@@ -70,6 +70,8 @@ RECIPES: dict[str, Recipe] = {
          ("pfl-fmnist-s12", "baselines.py", ("--preset", "pfl", "--seeds", "1", "2")),
          ("pfl-scaffold", "baselines.py", ("--preset", "pfl", "--algorithms", "scaffold"))),
         table="methods", needs_data=True, figures=False),
+    "tuned-digits": Recipe("five methods tuned alike on validation data, then confirmed on 5 seeds (the fair protocol)",
+                           (("tuned-digits", "run.py", ("studies/tuned_digits.toml",)),), table="methods"),
     "claims": Recipe("the papers' claims, checked on every Fashion-MNIST sweep above that is in --results "
                      "(python -m analysis.claims)", (), figures=False),
 }

@@ -4,6 +4,7 @@
     python scripts/reproduce.py NAME --tables-only   # tabulate sweeps already in --results
     python scripts/reproduce.py default --check      # run the default sweep in a temporary folder and
                                                      # fail when its tables differ from the committed ones
+    python scripts/reproduce.py NAME --check --from-data  # recompute the tables from the committed data
     python scripts/reproduce.py --list
 
 Every result table in the docs is a Markdown file that `analysis` wrote from a named sweep
@@ -12,6 +13,11 @@ A recipe is the exact command(s) that made the committed files; `docs/results/NA
 says which commit ran the sweeps and which wrote the tables. `bash scripts/reproduce.sh NAME`
 sets up `.venv` first. For the default sweep the README's table is rewritten too (between its
 `generated:` markers; `tests/test_docs.py` checks that it equals the committed file).
+
+The evidence travels with the tables: after a recipe's sweeps ran, `docs/results/NAME/data/<sweep>/`
+keeps what analysis reads to recompute them (`keep_data`: trials.parquet, study.toml and the
+compacted rows of the trials the tables report, not the search's), so that `--from-data` rebuilds
+every table and verdict of a fresh clone without running a sweep (`tests/test_docs.py` does).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ DOCS_RESULTS = ROOT / "docs" / "results"
 README = ROOT / "README.md"
 README_TABLE = "methods.md"   # the default sweep's table shown in the README
 DATA = "--data-root"
+KEPT = "data"         # docs/results/NAME/data/<sweep>/: the compacted Parquet behind NAME's tables
 
 
 def git(*args: str) -> str:
@@ -41,6 +48,10 @@ def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def repo_relative(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def commit_label() -> str:
@@ -83,12 +94,10 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
         folders = [results / sweep for other in CLAIMS_FROM for sweep, _, _ in RECIPES[other].sweeps
                    if (results / sweep / "trials.parquet").exists()]
     missing = [str(f) for f in folders if not (f / "trials.parquet").exists()]
-    if missing or not folders:
+    if missing or (not folders and name != "claims"):   # the claims page lists every claim, sweeps or none
         raise SystemExit(f"error: no sweep results in {', '.join(missing) or results}; "
                          "run the recipe without --tables-only")
     if name == "claims":
-        for folder in folders:   # the verdicts read each sweep's tables/summary.parquet: refresh them
-            build_tables([folder])
         fresh, written = [], {"claims.md": claims_table(folders, keep_not_run=True)}
     else:
         fresh = [tex.with_suffix(".md") for tex in build_tables(folders, recipe.table, markdown=True).values()]
@@ -111,6 +120,39 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
                 raise SystemExit(f"error: python -m {module} failed")
             fresh += [Path(tmp) / report] + ([Path(tmp) / plot] if plot else [])
         return replace_files(out, fresh)
+
+
+def keep_data(results: Path, recipe: Recipe, out: Path) -> list[Path]:
+    """Copy into out/data/<sweep>/ what the recipe's tables are computed from: each sweep's
+    trials.parquet and study.toml, and the rows of the trials a table reports (no search trial:
+    analysis.common.final_rows), as the sweep compacted them. Returns the folders written."""
+    import pandas as pd
+
+    from analysis.common import final_rows
+    from sweeps.parquet_sink import round_sources
+
+    kept = []
+    for sweep, _, _ in recipe.sweeps:
+        source, target = results / sweep, out / KEPT / sweep
+        if target.exists():
+            shutil.rmtree(target)
+        (target / "rounds").mkdir(parents=True)
+        reported = set(final_rows(pd.read_parquet(source / "trials.parquet"))["config_hash"])
+        for key, files in round_sources(source).items():
+            for file in files if key in reported else ():
+                shutil.copy2(file, target / "rounds" / file.name)
+        for name in ("trials.parquet", "study.toml"):   # study.toml: which study it is (the claims read it)
+            if (source / name).exists():
+                shutil.copy2(source / name, target / name)
+        kept.append(target)
+    return kept
+
+
+def committed_data(names: list[str], into: Path) -> None:
+    """The sweeps kept under docs/results/<name>/data/ for each recipe name, copied into `into`."""
+    for name in names:
+        for sweep in sorted((DOCS_RESULTS / name / KEPT).glob("*/")):
+            shutil.copytree(sweep, into / sweep.name)
 
 
 def claims_table(folders: list[Path], keep_not_run: bool) -> str | None:
@@ -238,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables-only", action="store_true", help="tabulate sweeps already in --results")
     parser.add_argument("--check", action="store_true",
                         help="run in a temporary folder and compare the tables with docs/results/NAME")
+    parser.add_argument("--from-data", action="store_true",
+                        help="with --check: no sweep runs; the tables are recomputed from the Parquet committed "
+                             "under docs/results/NAME/data/ (the claims: that of the studies they read)")
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="results folder (default results/)")
     parser.add_argument("--data-root", default=None, help="data folder (default $FL_DATA_ROOT or ../shared/data)")
     parser.add_argument("--ran-at", default=None,
@@ -251,14 +296,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown recipe {args.name!r}; choose from {', '.join(RECIPES)}", file=sys.stderr)
         return 2
     if args.check and args.tables_only:
-        print("error: --check runs the sweeps; it cannot be combined with --tables-only", file=sys.stderr)
+        print("error: --check runs the sweeps; it cannot be combined with --tables-only (--check --from-data "
+              "recomputes the tables from the committed data)", file=sys.stderr)
+        return 2
+    if args.from_data and not args.check:
+        print("error: --from-data goes with --check (it compares what the committed data give with the committed "
+              "tables)", file=sys.stderr)
         return 2
     if args.ran_at is not None and not args.tables_only:
         print("error: --ran-at names the commit of sweeps run earlier; it goes with --tables-only", file=sys.stderr)
         return 2
     recipe = RECIPES[args.name]
     data = args.data_root or os.environ.get("FL_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
-    if recipe.needs_data and not args.tables_only and not Path(data).is_dir():
+    if recipe.needs_data and not args.tables_only and not args.from_data and not Path(data).is_dir():
         print(f"error: data root {data!r} is not a folder; give --data-root DIR holding FashionMNIST/raw "
               "(or set FL_DATA_ROOT)", file=sys.stderr)
         return 2
@@ -267,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         results = Path(tmp) / "results" if args.check else args.results
         commands = [command_line(recipe, s, results, data) for s in recipe.sweeps]
         seconds = None
-        if not args.tables_only:
+        if args.from_data:
+            committed_data(list(CLAIMS_FROM) if args.name == "claims" else [args.name], results)
+        elif not args.tables_only:
             taken = [str(results / s[0]) for s in recipe.sweeps if (results / s[0]).exists()]
             if taken:
                 print(f"error: {', '.join(taken)} exists; remove it or tabulate it with --tables-only",
@@ -297,11 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             count = len(list(out.glob("*.md")))
             print(f"[reproduce] {count} tables regenerated, identical to docs/results/{args.name}")
             return 0
+    if recipe.sweeps:
+        for folder in keep_data(results, recipe, committed):
+            print(f"[reproduce] kept the Parquet behind the tables in {repo_relative(folder)}")
     shown_commands = [shown(cmd) for cmd in commands]
     ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
     write_provenance(args.name, recipe, shown_commands, committed, ran, seconds, kernels_used(results, recipe))
     for path in written:
-        print(f"[reproduce] wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        print(f"[reproduce] wrote {repo_relative(path)}")
     if args.name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):
         print(f"[reproduce] README table updated from {committed / README_TABLE}")
     return 0

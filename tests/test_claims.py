@@ -1,84 +1,170 @@
-"""analysis.claims: each verdict follows from the table statistics (summary.parquet rows) exactly as
-the module docstring says; a claim whose study is absent is "not run"."""
-from pathlib import Path
+"""analysis.claims: typed claims judged by paired tests over seeds, on hand-built sweeps (trials.parquet
+and the study file, as a sweep writes them): each verdict, the fair-protocol gate, too few seeds,
+Holm within one paper, best as an intersection–union test, and the committed claims page."""
+from __future__ import annotations
 
+import math
+import sys
+
+import numpy as np
 import pandas as pd
+import pytest
 
-from analysis.claims import CLAIMS, FAILS, HOLDS, NOT_RUN, UNSURE, Claim, check_claims, judge
+from analysis import paired
+from analysis.claims import (BEST, CLAIMS, EQUIVALENCE, EQUIVALENT, HOLDS, LESS_MB, NONINFERIORITY, NOT_RUN, OPPOSITE,
+                             SUPERIORITY, UNSURE, Claim, check_claims, main, to_markdown)
+from conftest import REPO
 
-COLUMN = "fmnist, Dir(0.3)"
+sys.path.insert(0, str(REPO / "scripts"))
+import reproduce  # noqa: E402
 
-
-def summary(cells: dict[str, tuple[float, bool]], marks: dict[str, str], reference: str = "B",
-            table: str = "methods") -> pd.DataFrame:
-    """Rows as analysis.stats writes them: per cell (mean, bold), one row against `reference`."""
-    rows = []
-    for row, (mean, bold) in cells.items():
-        rows.append(dict(table=table, row=row, column=COLUMN, mean=mean, std=0.01, n=5, reference=reference,
-                         p_value=0.01, p_adjusted=0.02 if marks.get(row) else 0.4, test="paired t-test", pairs=5,
-                         marked=marks.get(row, ""), bold=bold))
-    return pd.DataFrame(rows)
-
-
-def test_better_is_the_significance_mark_against_the_reference():
-    claim = Claim("P", "A beats B", "1 vs 0", ("s",), "methods", "better", "A", "B")
-    for mark, verdict in (("better", HOLDS), ("worse", FAILS), ("", UNSURE)):
-        got = judge(claim, summary({"A": (0.9, True), "B": (0.8, False)}, {"A": mark}), COLUMN)
-        assert got["verdict"] == verdict
-    got = judge(claim, summary({"A": (0.9, True), "B": (0.8, False)}, {"A": "better"}), COLUMN)
-    assert got["ours"] == "90.0 ± 1.0 (n=5) vs 80.0" and "p = 0.02" in got["test"]
-    assert judge(claim, summary({"A": (0.9, True)}, {}), COLUMN)["verdict"] == NOT_RUN  # no B in the table
+STUDY = "baselines_fmnist"
+SETTING = "fmnist, 2 shards"
+BASE = np.array([0.80, 0.82, 0.79, 0.85, 0.81])                # B's accuracy on seeds 1-5
+BETTER = np.array([0.05, 0.06, 0.04, 0.05, 0.055])              # far above: every test rejects
+NEAR = np.array([0.02, 0.01, 0.03, -0.005, 0.015])              # one-sided p = 0.036 alone
+SAME = np.array([0.001, -0.001, 0.002, -0.002, 0.0])            # within ±1 pp, no difference
+NOISE = np.array([0.03, -0.02, 0.04, -0.03, 0.01])              # neither
 
 
-def test_best_needs_the_only_bold_cell():
-    claim = Claim("P", "A is best", "", ("s",), "methods", "best", "A")
-    assert judge(claim, summary({"A": (0.9, True), "C": (0.8, False)}, {}), COLUMN)["verdict"] == HOLDS
-    tie = judge(claim, summary({"A": (0.9, True), "C": (0.89, True)}, {}), COLUMN)
-    assert tie["verdict"] == UNSURE and "also bold: C" in tie["test"]
-    assert judge(claim, summary({"A": (0.8, False), "C": (0.9, True)}, {}), COLUMN)["verdict"] == FAILS
-    comparable = Claim("P", "A is best, T comparable", "", ("s",), "methods", "best", "A", tied=("T",))
-    got = judge(comparable, summary({"A": (0.9, True), "T": (0.9, True), "C": (0.8, False)}, {}), COLUMN)
-    assert got["verdict"] == HOLDS and "comparable: T" in got["test"]
-    assert judge(comparable, summary({"A": (0.9, True), "T": (0.9, True), "C": (0.89, True)}, {}),
-                 COLUMN)["verdict"] == UNSURE
-    alone = judge(comparable, summary({"A": (0.9, True), "T": (0.8, False)}, {}), COLUMN)   # no other baseline ran
-    assert alone["verdict"] == NOT_RUN and alone["test"] == "nothing else to beat in the table (only T)"
-    ref = Claim("P", "ref is best", "", ("s",), "ablation", "ref_best", reference="G")
-    cells = summary({"G": (0.9, True), "L": (0.7, False)}, {}, reference="G", table="ablation")
-    assert judge(ref, cells, COLUMN)["verdict"] == HOLDS
+def trial(method: str, seed: int, acc: float, stage: str, setting: str = SETTING) -> dict:
+    return {"algorithm": "fedavg", "method": method, "setting": setting, "dataset": "fmnist", "partition": "shards",
+            "shards_per_client": 2, "dir_alpha": math.nan, "lr": 0.05, "seed": seed, "acc_mean": acc,
+            "acc_val_mean": acc, "status": "COMPLETED", "stage": stage, "config_hash": f"{method}|{seed}|{stage}"}
 
 
-def test_claims_without_their_study_are_not_run(tmp_path):
-    (tmp_path / "some-sweep" / "rounds").mkdir(parents=True)  # a sweep of no claimed study
-    table = check_claims([tmp_path])
+def write_sweep(folder, accuracy: dict[str, np.ndarray], study: str = STUDY, fair: bool = True):
+    """A sweep of `study`: per method its confirmed accuracy on seeds 1..n; with `fair`, each
+    method also has a selection-stage trial on seed 0 (accuracy 0.99, which must never count)."""
+    rows = [trial(m, seed, acc, "confirm") for m, values in accuracy.items() for seed, acc in enumerate(values, 1)]
+    rows += [trial(m, 0, 0.99, "select") for m in accuracy] if fair else []
+    folder.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(folder / "trials.parquet", index=False)
+    (folder / "study.toml").write_text((REPO / "studies" / f"{study}.toml").read_text())
+    return folder
+
+
+def superiority(paper: str = "P", a: str = "A", b: str = "B") -> Claim:
+    return Claim(paper, f"{a} outperforms {b}", "", (STUDY,), SUPERIORITY, a, b)
+
+
+def judged(tmp_path, accuracy, claims, **kw) -> pd.DataFrame:
+    return check_claims([write_sweep(tmp_path / "s", accuracy, **kw)], claims)
+
+
+def test_superiority_holds_is_opposite_or_equivalent_within_its_margin(tmp_path):
+    cases = {"holds": (BASE + BETTER, HOLDS), "opposite": (BASE - BETTER, OPPOSITE), "same": (BASE + SAME, EQUIVALENT)}
+    for name, (a, verdict) in cases.items():
+        row = judged(tmp_path / name, {"A": a, "B": BASE}, [superiority()]).iloc[0]
+        assert row["verdict"] == verdict and row["seeds"] == 5, name   # the selection seed 0 never counts
+        assert row["ours"] == f"{100 * a.mean():.1f} vs {100 * BASE.mean():.1f}"
+    row = judged(tmp_path / "again", {"A": BASE + SAME, "B": BASE}, [superiority()]).iloc[0]
+    assert row["note"] == "within ±1 pp" and row["test"].startswith("TOST ±1 pp")
+    assert row["holm_p"] == pytest.approx(paired.equivalence(paired.difference(pd.Series(BASE + SAME),
+                                                                                pd.Series(BASE)), 0.01))
+
+
+def test_inconclusive_prints_the_difference_the_seeds_could_have_detected(tmp_path):
+    row = judged(tmp_path, {"A": BASE + NOISE, "B": BASE}, [superiority()]).iloc[0]
+    d = paired.difference(pd.Series(BASE + NOISE), pd.Series(BASE))
+    assert row["verdict"] == UNSURE and row["seeds"] == 5
+    assert row["note"] == f"(detectable at 80 % power: ≥ {100 * paired.detectable(d.sd, 5):.1f} pp)"
+    assert row["difference"] == f"{100 * d.mean:+.1f} [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}]"
+    assert row["holm_p"] == pytest.approx(paired.noninferior(d, 0.0))
+
+
+def test_noninferiority_and_equivalence_claims_use_their_margins(tmp_path):
+    ni = Claim("P", "A is as accurate as B or better", "", (STUDY,), NONINFERIORITY, "A", "B")
+    eq = Claim("P", "A is comparable to B", "", (STUDY,), EQUIVALENCE, "A", "B")
+    # half a point below: not inferior by 1 pp, and comparable within ±1 pp
+    rows = judged(tmp_path / "near", {"A": BASE - 0.005 + SAME, "B": BASE}, [ni, eq])
+    assert list(rows["verdict"]) == [HOLDS, HOLDS] and list(rows["type"]) == ["non-inferiority, m = 1 pp",
+                                                                               "equivalence, ±1 pp"]
+    rows = judged(tmp_path / "far", {"A": BASE - BETTER, "B": BASE}, [ni, eq])   # 5 points below
+    assert list(rows["verdict"]) == [OPPOSITE, OPPOSITE]
+    with pytest.raises(ValueError, match="margin"):
+        Claim("P", "x", "", (STUDY,), EQUIVALENCE, "A", "B", margin=0)
+    with pytest.raises(ValueError, match="unknown kind"):
+        Claim("P", "x", "", (STUDY,), "better", "A", "B")
+    with pytest.raises(ValueError, match="no reference"):
+        Claim("P", "x", "", (STUDY,), BEST, "A", "B")
+
+
+def test_fewer_than_five_common_seeds_is_inconclusive_without_a_test(tmp_path):
+    row = judged(tmp_path, {"A": (BASE + BETTER)[:4], "B": BASE}, [superiority()]).iloc[0]
+    assert row["verdict"] == UNSURE and row["note"] == "(fewer than 5 seeds)" and row["test"] == "no test"
+    assert row["seeds"] == 4 and math.isnan(row["holm_p"]) and math.isnan(row["p_claim"])
+
+
+def test_a_claim_without_its_sweep_or_with_an_unfair_sweep_is_not_rerun_yet(tmp_path):
+    table = check_claims()
     assert len(table) == len(CLAIMS) and set(table["verdict"]) == {NOT_RUN}
     assert {"FedSelect", "DisPFL", "PerFedMask", "FedL2P"} == set(table["paper"])
+    assert table["test"].iloc[0] == "no sweep of study fedselect_grid_fmnist or baselines_fmnist at hand"
+    row = judged(tmp_path, {"A": BASE + BETTER, "B": BASE}, [superiority()], fair=False).iloc[0]
+    assert row["verdict"] == NOT_RUN and row["study"] == "s" and "not run under the fair protocol" in row["test"]
+    other = check_claims([write_sweep(tmp_path / "o", {"A": BASE}, study="dispfl_fmnist")], [superiority()])
+    assert other.iloc[0]["verdict"] == NOT_RUN and "no sweep of study" in other.iloc[0]["test"]
 
 
-def test_a_claim_about_fine_tuned_models_is_judged_in_the_after_ft_columns_only(tmp_path):
-    sweep = tmp_path / "pfm"
-    (sweep / "rounds").mkdir(parents=True)
-    (sweep / "tables").mkdir()
-    (sweep / "study.toml").write_text((Path(__file__).resolve().parents[1] / "studies" / "perfedmask_fmnist.toml").read_text())
-    cells = {"PerFedMask": (0.9, True), "FedAvg+FT": (0.8, False)}
-    parts = [summary(cells, {"PerFedMask": "better"}, reference="FedAvg+FT", table="cost").assign(column=c)
-             for c in ("fmnist / c = 1 / Before FT", "fmnist / c = 1 / After FT")]
-    pd.concat(parts).to_parquet(sweep / "tables" / "summary.parquet")
-    table = check_claims([tmp_path])
-    rows = table[table["claim"] == "PerFedMask beats FedAvg+FT after fine-tuning"]
-    assert list(rows["setting"]) == ["fmnist / c = 1 / After FT"] and list(rows["verdict"]) == [HOLDS]
+def test_holm_runs_over_one_papers_tested_rows_only(tmp_path):
+    sweep = write_sweep(tmp_path / "s", {"A": BASE + NEAR, "B": BASE, "C": BASE + NOISE})
+    alone = check_claims([sweep], [superiority()])
+    assert alone.iloc[0]["verdict"] == HOLDS and alone.iloc[0]["holm_p"] == pytest.approx(0.0364, abs=1e-4)
+    family = check_claims([sweep], [superiority(), superiority(a="C")])      # p = 0.036 × 2 > 0.05
+    assert list(family["verdict"]) == [UNSURE, UNSURE] and family.iloc[0]["holm_p"] == pytest.approx(0.0729, abs=1e-4)
+    assert "Holm over P's 2 tests" in family.iloc[0]["test"]
+    others = check_claims([sweep], [superiority(), superiority(paper="Q", a="C")])   # another paper's claim
+    assert others.iloc[0]["verdict"] == HOLDS and others.iloc[0]["holm_p"] == alone.iloc[0]["holm_p"]
+    untested = check_claims([sweep], [superiority(), superiority(a="D")])    # no D trials: no test, not counted
+    assert untested.iloc[0]["verdict"] == HOLDS and untested.iloc[1]["test"] == "no D trials in this setting"
 
 
-def test_a_transposed_table_is_judged_per_row(tmp_path):
-    """FedL2P's table has the methods as columns and (setting / clients / e) as rows."""
-    sweep = tmp_path / "f"
-    (sweep / "rounds").mkdir(parents=True)
-    (sweep / "tables").mkdir()
-    (sweep / "study.toml").write_text((Path(__file__).resolve().parents[1] / "studies" / "fedl2p_fmnist.toml").read_text())
-    cells = summary({"FedL2P": (0.9, True), "FT (BN C)": (0.8, False)}, {"FedL2P": "better"}, reference="FT (BN C)",
-                    table="fedl2p")
-    flipped = cells.rename(columns={"row": "column", "column": "row"}).assign(row="S / seen / 5")
-    flipped.to_parquet(sweep / "tables" / "summary.parquet")
-    rows = check_claims([tmp_path])
-    rows = rows[rows["paper"] == "FedL2P"]
-    assert list(rows["setting"]) == ["S / seen / 5"] and list(rows["verdict"]) == [HOLDS]
+def test_best_is_an_intersection_union_test_over_every_opponent_but_the_comparable_ones(tmp_path):
+    best = Claim("P", "A is best", "", (STUDY,), BEST, "A")
+    row = judged(tmp_path / "wins", {"A": BASE + BETTER, "C": BASE, "D": BASE + NEAR}, [best]).iloc[0]
+    a = pd.Series(BASE + BETTER, index=range(1, 6))
+    pvalues = {m: paired.noninferior(paired.difference(a, pd.Series(v, index=range(1, 6))), 0.0)
+               for m, v in {"C": BASE, "D": BASE + NEAR}.items()}
+    assert row["verdict"] == HOLDS and row["p_claim"] == pytest.approx(max(pvalues.values()))
+    assert "(D, the least beaten of 2)" in row["ours"]
+    tie = judged(tmp_path / "tie", {"A": BASE + BETTER, "C": BASE, "D": BASE + BETTER + SAME}, [best]).iloc[0]
+    assert tie["verdict"] == UNSURE and "D, the least beaten" in tie["ours"]      # beats C, not D
+    behind = judged(tmp_path / "behind", {"A": BASE, "C": BASE - BETTER, "D": BASE + BETTER}, [best]).iloc[0]
+    assert behind["verdict"] == OPPOSITE and "Bonferroni" in behind["test"]      # D is significantly better
+    tied = Claim("P", "A is best, D comparable", "", (STUDY,), BEST, "A", tied=("D",))
+    assert judged(tmp_path / "tied", {"A": BASE, "C": BASE - BETTER, "D": BASE + BETTER},
+                  [tied]).iloc[0]["verdict"] == HOLDS
+    alone = judged(tmp_path / "alone", {"A": BASE, "D": BASE}, [tied]).iloc[0]
+    assert alone["verdict"] == UNSURE and alone["test"] == "no other method to beat in this setting"
+
+
+def test_a_traffic_claim_compares_the_chosen_trials_busiest_node_without_a_test(tmp_path):
+    from table_helpers import write_sweep as write_round_sweep
+
+    sweep = write_round_sweep(tmp_path / "d")
+    trials = pd.read_parquet(sweep / "trials.parquet")
+    trials["stage"] = np.where((trials["algorithm"] == "fedselect") & (trials["seed"] == 1), "select", "confirm")
+    trials.to_parquet(sweep / "trials.parquet", index=False)
+    (sweep / "study.toml").write_text((REPO / "studies" / "dispfl_fmnist.toml").read_text())
+    claims = [Claim("D", "Local carries less than FedAvg's server", "", ("dispfl_fmnist",), LESS_MB, "Local", "FedAvg"),
+              Claim("D", "FedAvg's server carries less than Local", "", ("dispfl_fmnist",), LESS_MB, "FedAvg", "Local")]
+    rows = check_claims([sweep], claims)
+    # 5 rounds x 2000 bytes per client; FedAvg's server carries its 3 clients'
+    assert list(rows["verdict"]) == [HOLDS, OPPOSITE] and rows.iloc[0]["ours"] == "0.0 vs 0.0 MB"
+    assert rows.iloc[0]["test"] == "traffic is deterministic: no test" and rows.iloc[0]["difference"] == "-0.0 MB"
+
+
+def test_the_command_writes_the_page_of_the_sweeps_it_is_given(tmp_path, capsys):
+    assert main(["--markdown", "--out", str(tmp_path / "claims.md")]) == 0
+    assert (tmp_path / "claims.md").read_text() == to_markdown(check_claims())
+    assert main([str(tmp_path / "nothing-here")]) == 2 and "no results at" in capsys.readouterr().err
+
+
+def test_the_claims_page_regenerates_from_the_committed_data(capsys):
+    """The claims page recomputed from the Parquet committed beside the studies' tables
+    (docs/results/<recipe>/data/<sweep>/, `reproduce.keep_data`) equals the committed page: no
+    sweep runs. Until the study issues rerun the Fashion-MNIST studies under the fair protocol no
+    such data exist, and every row reads not rerun yet."""
+    assert reproduce.main(["claims", "--check", "--from-data"]) == 0, capsys.readouterr().out
+    assert "1 tables regenerated, identical to docs/results/claims" in capsys.readouterr().out

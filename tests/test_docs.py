@@ -127,7 +127,10 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     """--tables-only on a finished sweep: the Markdown tables and figures analysis writes land in
     docs/results/NAME (here a temporary one) with provenance.md, the README block follows the
     methods table, and a second tabulation of the same sweep is identical (what --check compares)."""
+    import pandas as pd
     from table_helpers import write_sweep
+
+    from sweeps.parquet_sink import round_sources
 
     results = tmp_path / "results"
     write_sweep(results / "fedselect-grid")
@@ -148,6 +151,18 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     again = reproduce.tabulate("default", reproduce.RECIPES["default"], results, tmp_path / "again")
     assert reproduce.check(tmp_path / "again", docs / "default") == [] and again
     assert reproduce.main(["default", "--results", str(results)]) == 2   # a sweep folder is never overwritten
+    kept = docs / "default" / "data" / "fedselect-grid"       # the evidence beside the tables, and only it
+    assert {p.name for p in kept.iterdir()} == {"trials.parquet", "rounds"}   # (this sweep has no study.toml)
+    assert set(round_sources(kept)) == set(pd.read_parquet(kept / "trials.parquet").config_hash)
+    assert reproduce.main(["default", "--check", "--from-data"]) == 0   # the tables, from the kept data alone
+
+
+def test_every_table_with_committed_data_recomputes_from_it(capsys):
+    """Each docs/results/NAME/data/ (the compacted Parquet of NAME's sweeps) gives NAME's committed
+    tables again, without running a sweep: what a fresh clone can check."""
+    kept = sorted(p.parent.name for p in (REPO / "docs" / "results").glob(f"*/{reproduce.KEPT}"))
+    for name in kept:
+        assert reproduce.main([name, "--check", "--from-data"]) == 0, capsys.readouterr().out
 
 
 def test_a_recipe_of_several_sweeps_judges_its_claims_once_on_the_pooled_table(tmp_path, monkeypatch):
