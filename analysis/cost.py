@@ -7,8 +7,9 @@ report their training cost, or with `--table cost`):
 - per c (`participation`): accuracy before fine-tuning (`acc_global`: the model a device holds
   after the last round) and after (`acc`: its fine-tuned copy), final round, mean ± std over seeds,
   in %; a cell that differs significantly from FedAvg+FT's in its column (the poster's baseline
-  of fine-tuning after federated training) is marked "▲"/"▼"; bold: the best after-FT cell of each
-  column and every one not significantly worse (analysis.stats);
+  of fine-tuning after federated training) is marked "▲"/"▼" (a paired t-test over 5 or more
+  common seeds; none below); bold: the best after-FT cell of each column and every one not
+  significantly worse (analysis.stats);
 - cost: trainable parameters (entries a device's local update changes: a frozen head and frozen
   groups are not counted), forward and backward FLOPs per training sample (torch's counter,
   convolutions and matrix products, 1 multiply-add = 2 FLOPs; no weight gradient for a frozen

@@ -7,8 +7,9 @@ which did not reach its last round carries a dagger (LaTeX `$^\\dagger$`, previe
 at the end of the caption together with the rounds those runs reached. A table that knows the runs
 behind its cells (`Table.runs`, filled by `summarize`) gets its marks and bold from
 `analysis.stats.compare`: "▲"/"▼" (and "△"/"▽" for a second reference) where a cell differs
-significantly from a reference row of its column, bold on the best of its column (or of the table)
-and every cell not significantly worse than it; the caption says which tests and correction.
+significantly from a reference row of its column (a paired t-test over 5 or more common seeds;
+fewer: no mark), bold on the best of its column (or of the table) and every cell not significantly
+worse than it; the caption says which test and correction.
 Without runs, bold is the best value as printed.
 """
 from __future__ import annotations
@@ -53,8 +54,8 @@ class Table:
     _verdict: tuple = field(default=(None, None), repr=False, compare=False)  # (inputs, Verdict): computed once
 
     def verdict(self) -> Verdict | None:
-        """The paired tests of the table's cells (None without `runs`), computed once per
-        `runs`, `finals`, `references` and `best` (an exact Wilcoxon test with ties can take a second)."""
+        """The paired comparisons of the table's cells (None without `runs`), computed once per
+        `runs`, `finals`, `references` and `best` (the bootstrap intervals of a large table take a while)."""
         if self.runs is None:
             return None
         inputs = (id(self.runs), id(self.finals), self.references, self.best)

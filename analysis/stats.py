@@ -1,35 +1,40 @@
-"""Statistics for the tables: a 95 % confidence interval of a mean over seeds, a paired test of two
-cells, Benjamini-Hochberg within a table, and from them each table's marks and bold cells. Every
-statistic is scipy.stats'; nothing here computes a test by hand.
+"""Statistics for the tables: a 95 % confidence interval of a mean over seeds, the paired
+difference of two cells with its interval and test, Benjamini-Hochberg within a table, and from
+them each table's marks and bold cells. The tests are scipy.stats' (through analysis.paired).
 
 Pairing. Runs with the same seed share the data partition and the initial model, so two cells of
-one comparison group (a column: one data setting; in analysis.fedl2p a row) pair by seed, and
-their per-client accuracies by (seed, client). `paired_test`:
-- 5 or more common seeds: paired t-test (`scipy.stats.ttest_rel`) on the per-seed mean accuracies;
-- fewer (the quick studies have 3): Wilcoxon signed-rank test (`scipy.stats.wilcoxon`) over the
-  (client, seed) pairs of final per-client accuracies (`final_accuracies`). The clients of one run
-  are treated as independent pairs: a rule of the project, weaker than a test over seeds;
-- all differences zero: p = 1; fewer than 2 pairs, or fewer than 5 seeds without per-client
-  accuracies: no test (p NaN), so no mark.
+one comparison group (a column: one data setting; in analysis.fedl2p a row) pair by seed: the
+seed is the unit. The clients of one run are not independent samples (they share the model and
+the seed's partition), so no test is ever made over (client, seed) pairs. `paired_comparison`:
+- the difference: the mean over the common seeds of the paired per-seed differences a - b
+  (`analysis.paired.difference`), with a 95 % interval;
+- 5 or more common seeds (`analysis.paired.MIN_SEEDS`): the paired t-test on the per-seed means,
+  and the t interval; only such a test gives a mark or a "significantly worse" (identical cells:
+  p = 1);
+- 2-4 common seeds: no test, so no mark; the interval is descriptive, the hierarchical bootstrap
+  (`analysis.paired.hierarchical_bootstrap`: seeds, then clients within a seed) of the
+  per-(seed, client) differences of the final accuracies where every common seed has them
+  (`final_accuracies`), else the t interval; 1 common seed: the difference alone; none: nothing.
 
 Within one table (`compare`) the distinct pairs of cells tested (against a reference, against the
-best) are one family, corrected with Benjamini-Hochberg (`scipy.stats.false_discovery_control`;
-scipy 1.17 has no Holm procedure), alpha = 0.05; a pair tested for both purposes (a cell against a
-reference that is also the best) counts once and gets one adjusted p, so a mark and bold never
-disagree about it:
+best) are one family, corrected with Benjamini-Hochberg (`scipy.stats.false_discovery_control`),
+alpha = 0.05; a pair tested for both purposes (a cell against a reference that is also the best)
+counts once and gets one adjusted p, so a mark and bold never disagree about it:
 - marks: every cell against each reference present in its group; "▲"/"▼" significantly
   better/worse than the first reference, "△"/"▽" than the second (LaTeX: amssymb's
   \\blacktriangle, \\blacktriangledown, \\vartriangle, \\triangledown as superscripts);
 - bold: the best cell of its group (or of the table) and every cell not significantly worse than
-  it; a cell that has no test against the best is bold only where it prints the best value.
-`Verdict.summary` gives the rows of `<tables>/summary.parquet` (`write_summary`).
+  it; a cell without a test against the best (fewer than 5 common seeds) is bold only where it
+  prints the best value.
+`Verdict.summary` gives the rows of `<tables>/summary.parquet` (`write_summary`), each with the
+difference against its reference and its interval.
 """
 from __future__ import annotations
 
 import math
 import warnings
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -39,18 +44,18 @@ from scipy import stats as scipy_stats
 from fl_core.results import across_seeds, write_parquet
 
 from .load import load_rounds
+from .paired import MIN_SEEDS, client_differences, difference, hierarchical_bootstrap
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
-T_TEST_SEEDS = 5                 # fewer common seeds: Wilcoxon over (client, seed) pairs
-T_TEST, WILCOXON = "paired t-test", "Wilcoxon signed-rank"
+T_TEST = "paired t-test"         # the one test: over the per-seed means, from MIN_SEEDS common seeds
 SAME = 1e-12                     # paired values closer than this count as equal
 MARKS = (("▲", "▼"), ("△", "▽"))  # (better, worse) against the first and the second reference
 LATEX_MARKS = {"▲": r"$^{\blacktriangle}$", "▼": r"$^{\blacktriangledown}$", "△": r"$^{\vartriangle}$",
                "▽": r"$^{\triangledown}$"}  # amssymb
 SUMMARY = "summary.parquet"
-SUMMARY_COLUMNS = ("table", "row", "column", "mean", "std", "n", "ci_low", "ci_high", "reference", "p_value",
-                   "p_adjusted", "test", "pairs", "marked", "bold")
+SUMMARY_COLUMNS = ("table", "row", "column", "mean", "std", "n", "ci_low", "ci_high", "reference", "diff",
+                   "diff_low", "diff_high", "interval", "p_value", "p_adjusted", "test", "seeds", "marked", "bold")
 
 
 def mean_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -95,37 +100,43 @@ class Samples:
 
 
 @dataclass(frozen=True)
-class Test:
-    """A paired test of cell a against cell b: p NaN and test "" where none was possible."""
+class Comparison:
+    """Cell a against cell b over their common seeds: the mean paired difference a - b, its 95 %
+    interval and how it was got (`interval`, "" where none), and the paired t-test (p NaN and
+    test "" below MIN_SEEDS common seeds)."""
+    seeds: int
+    diff: float
+    diff_low: float
+    diff_high: float
+    interval: str
     p: float
     test: str
-    pairs: int
-    seeds: int    # common seeds
-    diff: float   # mean of the paired differences a - b
 
 
-def paired_test(a: Samples, b: Samples) -> Test:
-    """The test of the module docstring for cells a and b of one group."""
-    common = a.seeds.index.intersection(b.seeds.index)
-    if len(common) >= T_TEST_SEEDS:
-        x, y, test = a.seeds[common], b.seeds[common], T_TEST
-    elif a.clients is not None and b.clients is not None:
-        pairs = a.clients.index.intersection(b.clients.index)
-        x, y, test = a.clients[pairs], b.clients[pairs], WILCOXON
-    else:
-        return Test(math.nan, "", 0, len(common), math.nan)
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.size < 2:
-        return Test(math.nan, "", int(x.size), len(common), math.nan)
-    differences = np.where(np.abs(x - y) < SAME, 0.0, x - y)  # float noise of a mean is no difference
-    if not differences.any():
-        return Test(1.0, test, int(x.size), len(common), 0.0)
-    with warnings.catch_warnings():  # differences that are all alike: scipy warns, p is still right
+def snapped(a: pd.Series | None, b: pd.Series | None) -> pd.Series | None:
+    """a, except where its value lies within SAME of b's at the same index: b's value there (the
+    float noise of a mean is no difference)."""
+    if a is None or b is None:
+        return a
+    other = b.reindex(a.index)
+    return a.where(~((a - other).abs() < SAME), other)
+
+
+def paired_comparison(a: Samples, b: Samples) -> Comparison:
+    """The comparison of the module docstring for cells a and b of one group."""
+    with warnings.catch_warnings():  # differences alike to float noise: scipy warns, p is still right
         warnings.simplefilter("ignore", RuntimeWarning)
-        p = scipy_stats.ttest_rel(x, y).pvalue if test == T_TEST else scipy_stats.wilcoxon(differences).pvalue
-    if not np.isfinite(p):
-        return Test(math.nan, "", int(x.size), len(common), math.nan)
-    return Test(float(p), test, int(x.size), len(common), float(np.mean(x - y)))
+        d = difference(snapped(a.seeds, b.seeds), b.seeds)
+    if d.tested:
+        return Comparison(d.n, d.mean, d.ci_low, d.ci_high, f"t over {d.n} seeds", d.p, T_TEST)
+    low, high, interval = d.ci_low, d.ci_high, f"t over {d.n} seeds" if d.n >= 2 else ""
+    if d.n >= 2 and a.clients is not None and b.clients is not None:
+        within = client_differences(snapped(a.clients, b.clients), b.clients)
+        common = a.seeds.index.intersection(b.seeds.index)
+        if set(within.index.get_level_values(0)) == set(common):
+            low, high = hierarchical_bootstrap(within)
+            interval = f"hierarchical bootstrap over {d.n} seeds"
+    return Comparison(d.n, d.mean, low, high, interval, math.nan, "")
 
 
 def cell_samples(runs: pd.DataFrame, finals: pd.DataFrame | None = None) -> dict[tuple, Samples]:
@@ -149,8 +160,8 @@ def _span(values) -> str:
 @dataclass
 class Verdict:
     """What `compare` found: `cells` (row, column, mean, std, n, ci_low, ci_high, marks, bold) and
-    `comparisons` (row, column, kind "reference" or "best", against, the `Test` fields, p_adjusted,
-    direction +1/-1 where significant, else 0)."""
+    `comparisons` (row, column, kind "reference" or "best", against, the `Comparison` fields with
+    p as p_value, p_adjusted, direction +1/-1 where significant, else 0)."""
     cells: pd.DataFrame
     comparisons: pd.DataFrame
     references: tuple[str, ...]
@@ -174,9 +185,9 @@ class Verdict:
         return out
 
     def caption(self, ranked: str = "") -> str:
-        """What the marks and bold mean and which tests and corrections gave them; `ranked`: the
+        """What the marks and bold mean and which test and correction gave them; `ranked`: the
         columns bold is decided in, where not all (e.g. "after fine-tuning")."""
-        tested = self.comparisons[self.comparisons["p_value"].notna()]
+        tested = self.comparisons[self.comparisons["test"] == T_TEST]
         counts = tested["kind"].value_counts()
         parts = [self._legend(counts.get("reference", 0))] if self.references else []
         best = f"Bold{', ' + ranked if ranked else ''}: " + \
@@ -186,22 +197,22 @@ class Verdict:
                          f"without a paired test only where it prints the best value.")
         else:
             parts.append(f"{best}{' and every cell that prints its value' if len(self.comparisons) else ''}.")
-        tests = [f"{T_TEST} on the per-seed mean accuracies over {_span(tested.loc[tested['test'] == T_TEST, 'seeds'])} "
-                 f"common seeds"] if (tested["test"] == T_TEST).any() else []
-        if (tested["test"] == WILCOXON).any():
-            tests.append(f"{WILCOXON} test over {_span(tested.loc[tested['test'] == WILCOXON, 'pairs'])} (client, seed) "
-                         f"pairs of final per-client accuracies (fewer than {T_TEST_SEEDS} common seeds)")
-        if tests:
-            parts.append(f"Tests: {'; '.join(tests)}; a seed pairs runs with the same partition and initial model.")
-        elif len(self.comparisons):
-            parts.append(f"No paired test was possible (fewer than {T_TEST_SEEDS} common seeds and no per-client "
-                         f"accuracies).")
+        if len(tested):
+            parts.append(f"Test: {T_TEST} on the per-seed mean accuracies over {_span(tested['seeds'])} common "
+                         f"seeds; a seed pairs runs with the same partition and initial model.")
+        untested = self.comparisons[self.comparisons["test"] != T_TEST]
+        if len(untested):
+            which = "Cells" if not len(tested) else "Other pairs of cells"
+            parts.append(f"{which} share fewer than {MIN_SEEDS} seeds ({_span(untested['seeds'])} in common): no "
+                         f"test and no mark, as a test over so few seeds has too little power and the clients of "
+                         f"one run are not independent samples.")
         return " ".join(parts)
 
     def _correction(self) -> str:
         """The one family the marks and bold share (`compare`), as the captions say it."""
-        return (f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {self.family} distinct paired "
-                f"comparisons, with the references and with the best")
+        pairs = f"{self.family} distinct pair{'s' if self.family != 1 else ''} of cells"
+        return (f"p < {ALPHA:g} after Benjamini–Hochberg over the table's {pairs} tested, with the references and "
+                f"with the best")
 
     def _legend(self, tested: int) -> str:
         """The marks' sentence: which reference each mark is against, the correction, and the
@@ -221,26 +232,56 @@ class Verdict:
 
     def summary(self, table: str) -> pd.DataFrame:
         """The rows of summary.parquet for this table: one per (cell, reference) (one per cell
-        when the table has no reference), accuracies as fractions; `marked`: "better", "worse" or
-        ""; row and column labels as text."""
+        when the table has no reference), accuracies as fractions, the paired difference against
+        the reference (`Comparison`'s fields); `marked`: "better", "worse" or ""; row and column
+        labels as text."""
         found = {(c.row, c.column, c.against): c for c in self.comparisons.itertuples(index=False)
                  if c.kind == "reference"}
         rows = []
         for cell in self.cells.itertuples(index=False):
             for ref in self.references or (None,):
-                test = found.get((cell.row, cell.column, ref))
                 rows.append({"table": table, "row": _text(cell.row), "column": _text(cell.column), "mean": cell.mean,
                              "std": cell.std, "n": int(cell.n), "ci_low": cell.ci_low, "ci_high": cell.ci_high,
-                             "reference": ref, "p_value": test.p_value if test else math.nan,
-                             "p_adjusted": test.p_adjusted if test else math.nan, "test": test.test if test else "",
-                             "pairs": test.pairs if test else 0, "bold": bool(cell.bold),
-                             "marked": {1: "better", -1: "worse"}.get(test.direction if test else 0, "")})
+                             "reference": ref, "bold": bool(cell.bold),
+                             **_against(found.get((cell.row, cell.column, ref)))})
         return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def _against(c) -> dict:
+    """A summary row's fields of its comparison with the reference (None: no comparison)."""
+    if c is None:
+        return {"diff": math.nan, "diff_low": math.nan, "diff_high": math.nan, "interval": "", "p_value": math.nan,
+                "p_adjusted": math.nan, "test": "", "seeds": 0, "marked": ""}
+    return {"diff": c.diff, "diff_low": c.diff_low, "diff_high": c.diff_high, "interval": c.interval,
+            "p_value": c.p_value, "p_adjusted": c.p_adjusted, "test": c.test, "seeds": int(c.seeds),
+            "marked": {1: "better", -1: "worse"}.get(c.direction, "")}
 
 
 def _text(label) -> str:
     parts = label if isinstance(label, tuple) else (label,)
     return " / ".join(f"{p:g}" if isinstance(p, (float, np.floating)) else str(p) for p in parts)
+
+
+def _pairing(samples: dict, key: tuple, other: tuple, kind: str, against: str) -> dict:
+    """One row of `Verdict.comparisons` (before the correction): cell `key` against cell `other`."""
+    return {"row": key[0], "column": key[1], "kind": kind, "against": against, "pair": frozenset((key, other)),
+            **vars(paired_comparison(samples[key], samples[other]))}
+
+
+def corrected(rows: list[dict]) -> tuple[pd.DataFrame, int]:
+    """The comparisons of one table with Benjamini-Hochberg over the distinct pairs of cells tested
+    (one adjusted p per pair), and `direction` (+1/-1 where p_adjusted < ALPHA, else 0); also the
+    size of that family."""
+    columns = ["row", "column", "kind", "against", "pair", *(f.name for f in fields(Comparison))]
+    comparisons = pd.DataFrame(rows, columns=columns).rename(columns={"p": "p_value"})
+    family = comparisons[comparisons["p_value"].notna()].drop_duplicates("pair")
+    p_values = family["p_value"].to_numpy(dtype=float)
+    adjusted = dict(zip(family["pair"], scipy_stats.false_discovery_control(p_values) if len(family) else []))
+    comparisons["p_adjusted"] = [adjusted.get(pair, math.nan) for pair in comparisons["pair"]]
+    comparisons = comparisons.drop(columns="pair")
+    significant = comparisons["p_adjusted"] < ALPHA
+    comparisons["direction"] = np.where(significant, np.sign(comparisons["diff"].fillna(0)), 0).astype(int)
+    return comparisons, len(family)
 
 
 def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: Sequence[str] = (),
@@ -264,9 +305,8 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
         for ref in references:
             other = (ref, key[1]) if within == "column" else (key[0], ref)
             if other != key and other in samples:
-                comparisons.append({"row": key[0], "column": key[1], "kind": "reference", "against": ref,
-                                    "pair": frozenset((key, other)), **vars(paired_test(samples[key], samples[other]))})
-    means, ranked, scopes, best_of = dict(zip(zip(cells["row"], cells["column"]), cells["mean"])), ranked, {}, {}
+                comparisons.append(_pairing(samples, key, other, "reference", ref))
+    means, scopes, best_of = dict(zip(zip(cells["row"], cells["column"]), cells["mean"])), {}, {}
     for key in samples:
         if ranked is None or group_of(key) in ranked:
             scopes.setdefault(group_of(key) if best == "group" else "table", []).append(key)
@@ -275,17 +315,8 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
         for key in keys:
             best_of[key] = top
             if key != top:
-                comparisons.append({"row": key[0], "column": key[1], "kind": "best", "against": _text(top),
-                                    "pair": frozenset((key, top)), **vars(paired_test(samples[key], samples[top]))})
-    comparisons = pd.DataFrame(comparisons, columns=["row", "column", "kind", "against", "pair", "p", "test", "pairs",
-                                                     "seeds", "diff"]).rename(columns={"p": "p_value"})
-    pairs = comparisons[comparisons["p_value"].notna()].drop_duplicates("pair")  # the table's one family
-    adjusted = dict(zip(pairs["pair"], scipy_stats.false_discovery_control(pairs["p_value"].to_numpy(dtype=float))
-                        if len(pairs) else []))
-    comparisons["p_adjusted"] = [adjusted.get(pair, math.nan) for pair in comparisons["pair"]]
-    comparisons = comparisons.drop(columns="pair")
-    significant = comparisons["p_adjusted"] < ALPHA
-    comparisons["direction"] = np.where(significant, np.sign(comparisons["diff"].fillna(0)), 0).astype(int)
+                comparisons.append(_pairing(samples, key, top, "best", _text(top)))
+    comparisons, family = corrected(comparisons)
     marks, bold = {}, {}
     for c in comparisons.itertuples(index=False):
         key, i = (c.row, c.column), references.index(c.against) if c.kind == "reference" else -1
@@ -297,7 +328,7 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
     keys = list(zip(cells["row"], cells["column"]))
     cells["marks"] = ["".join(m for _, m in sorted(marks.get(k, {}).items())) for k in keys]
     cells["bold"] = [bold.get(k, best_of.get(k) == k) for k in keys]
-    return Verdict(cells, comparisons, tuple(references), within, best, len(pairs))
+    return Verdict(cells, comparisons, tuple(references), within, best, family)
 
 
 def write_summary(frames: Iterable[pd.DataFrame], out) -> Path | None:

@@ -20,10 +20,13 @@ Tables (cell = final mean personalized accuracy `acc_mean` in %, "mean ± std" o
             enter no other table, which would pool e (their pretrainings still do)
   convergence  (with 2+ seeds) per (data setting, method, configuration): has the mean accuracy over
             seeds moved by less than one seed std over the last 20 % of the rounds (analysis.convergence)
-Marks and bold come from paired tests (analysis.stats; references: methods FedAvg ▲/▼ and Local
-△/▽, ablation FedSelect, traffic D-PSGD, cost FedAvg+FT, fedl2p FT (BN C)): bold is the best of
-each column (in the grid: of the table) and every cell not significantly worse than it; the
-caption names the tests. `<out>/summary.parquet`: per cell, the 95 % CI, p-values, mark and bold.
+Marks and bold come from paired t-tests over the seeds two cells share, from 5 common seeds on
+(analysis.stats; references: methods FedAvg ▲/▼ and Local △/▽, ablation FedSelect, traffic
+D-PSGD, cost FedAvg+FT, fedl2p FT (BN C)); with fewer common seeds there is no test and no mark.
+Bold is the best of each column (in the grid: of the table) and every cell not significantly
+worse than it (untested: every cell that prints the best value); the caption names the test and
+the correction. `<out>/summary.parquet`: per cell, the 95 % CI, the paired difference against each
+reference with its interval, p-values, mark and bold.
 A missing cell is "--". The std is over seeds (ddof=1; one seed shows just the mean). When every
 cell has the same number of seeds the caption says how many; otherwise cells that differ from the
 usual count are marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
@@ -55,7 +58,7 @@ import pandas as pd
 from fl_core.algorithms import ALGORITHMS, get_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
-from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order
+from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
 from .load import DamagedFile, is_gradselect, load_trials
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
@@ -157,7 +160,8 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     trials = _at(trials, ["local_epochs"], epochs)
     notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
     if "stage" in trials and (trials["stage"] == "confirm").any():  # one chosen configuration per setting
-        notes.append("Tuned methods at the configuration chosen per data setting (table search_best).")
+        notes.append(tuning_note(trials) or "Tuned methods at the configuration chosen per data setting (table "
+                                            "search_best).")
     trials, chosen = _one_configuration(trials)
     notes += chosen
     fedselect = trials[is_gradselect(trials)]

@@ -11,7 +11,8 @@ against accuracy:
   clients' label similarity next to the normalised Hamming distance of their final masks.
 - table `traffic` (`tables/traffic.tex`): per method and data setting, the final accuracy and the
   busiest node's total MB over the run, finished trials only; accuracies marked where they differ
-  significantly from D-PSGD's (the DisPFL paper's decentralised baseline), bold by analysis.stats.
+  significantly from D-PSGD's (the DisPFL paper's decentralised baseline; a paired t-test over 5
+  or more common seeds, none below), bold by analysis.stats.
 `build_traffic_outputs` writes the figures (called by analysis.plots.build_plots) and
 `write_traffic_table` the table (called by analysis.tables.build_tables).
 """

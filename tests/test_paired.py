@@ -1,15 +1,19 @@
-"""analysis.paired: statistics with the seed as the unit, against hand-computed cases, and the
-false-positive rate of its test against the old client-level test under no true difference."""
+"""analysis.paired: statistics with the seed as the unit, against hand-computed cases, the
+hierarchical bootstrap against an enumeration of all its resamples, and the false-positive rate of
+its test against the old client-level test under no true difference."""
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from analysis.paired import MIN_SEEDS, detectable, difference, equivalence, holm, noninferior
+from analysis.paired import (BOOTSTRAP_RESAMPLES, MIN_SEEDS, bootstrap_means, client_differences, detectable,
+                             difference, equivalence, hierarchical_bootstrap, holm, noninferior)
 
 # A − B per seed: 0.02, 0.02, −0.01, 0.04, 0.02: mean 0.018, sd √0.00032, standard error exactly 0.008
 A = pd.Series([0.80, 0.82, 0.79, 0.85, 0.81], index=[0, 1, 2, 3, 4])
@@ -78,6 +82,83 @@ def test_the_detectable_difference_has_the_stated_power():
     assert 2.8016 / 10 < detectable(1.0, 100) < 2.86 / 10  # (z₀.₉₇₅ + z₀.₈) / √n, a little more for t
     assert detectable(0.02, 5) == pytest.approx(0.02 * delta, rel=1e-9)
     assert math.isnan(detectable(1.0, 1)) and math.isnan(detectable(0.0, 5))
+
+
+def per_client(values: dict) -> pd.Series:
+    """seed -> the differences of its clients, as a Series indexed by (seed, client)."""
+    keys = [(seed, k) for seed, clients in values.items() for k in range(len(clients))]
+    return pd.Series([v for clients in values.values() for v in clients],
+                     index=pd.MultiIndex.from_tuples(keys, names=["seed", "client"]), dtype=float)
+
+
+def test_client_differences_pair_by_seed_and_client():
+    a = pd.Series([0.8, 0.7, 0.9, 0.5], index=pd.MultiIndex.from_tuples([(0, 0), (0, 1), (1, 0), (2, 5)]))
+    b = pd.Series([0.95, 0.3, 0.75, 0.7], index=pd.MultiIndex.from_tuples([(1, 0), (1, 1), (0, 0), (0, 1)]))
+    d = client_differences(a, b)
+    assert list(d.index) == [(0, 0), (0, 1), (1, 0)] and d.to_numpy() == pytest.approx([0.05, 0.0, -0.05])
+
+
+def test_one_client_per_seed_is_a_plain_bootstrap_of_the_seed_differences():
+    # 2 seeds: a draw is (a, a), (a, b), (b, a) or (b, b): mean a, (a + b) / 2 or b with chances 1/4, 1/2, 1/4,
+    # so the 2.5 % and 97.5 % percentiles are a and b themselves
+    assert hierarchical_bootstrap(per_client({0: [0.01], 1: [0.05]})) == pytest.approx((0.01, 0.05))
+    seeds = {0: [0.0], 1: [1.0], 2: [10.0], 3: [100.0]}            # each draw's mean tells its seeds apart
+    draws = bootstrap_means(per_client(seeds), 20_000, seed=3)
+    totals = 4 * draws                                              # b + 10 c + 100 d: draws of seeds 1, 2, 3
+    assert np.allclose(totals, np.round(totals))                    # the only client of each drawn seed
+    counts = [(t % 10, t // 10 % 10, t // 100) for t in np.round(totals).astype(int)]
+    assert all(sum(c) <= 4 for c in counts)                         # 4 seeds drawn, seed 0 the rest
+    assert np.mean([c == (1, 1, 1) for c in counts]) == pytest.approx(24 / 256, abs=0.01)  # all 4: 4! / 4^4
+    low, high = hierarchical_bootstrap(per_client(seeds))
+    assert 0.0 <= low < 27.75 < high <= 100.0                      # inside [min, max] around the mean
+
+
+def test_identical_differences_give_a_point_interval():
+    assert hierarchical_bootstrap(per_client({0: [0.02, 0.02], 1: [0.02], 2: [0.02, 0.02, 0.02]})) == (0.02, 0.02)
+    assert all(math.isnan(x) for x in hierarchical_bootstrap(per_client({})))
+    with pytest.raises(ValueError, match="no \\(seed, client\\) differences"):
+        bootstrap_means(per_client({}))
+
+
+def enumerated(values: dict) -> Counter:
+    """Every resample of the hierarchical bootstrap, equally likely: seeds drawn with replacement,
+    then each drawn seed's clients with replacement; the mean of the drawn seeds' client means."""
+    seeds = list(values)
+    out = Counter()
+    for drawn in itertools.product(seeds, repeat=len(seeds)):
+        per_slot = [list(itertools.product(values[s], repeat=len(values[s]))) for s in drawn]
+        for clients in itertools.product(*per_slot):
+            out[round(float(np.mean([np.mean(c) for c in clients])), 12)] += 1
+    return out
+
+
+def test_two_seeds_by_two_clients_match_the_enumeration_of_all_resamples():
+    values = {0: [0.0, 0.02], 1: [0.03, 0.07]}
+    exact = enumerated(values)                                      # 4 seed draws x 4 x 4 client draws
+    assert sum(exact.values()) == 64 and exact[0.0] == 1 and exact[0.005] == 4 and exact[0.06] == 4
+    draws = Counter(np.round(bootstrap_means(per_client(values), 20_000, seed=7), 12))
+    assert set(draws) <= set(exact)
+    for value, ways in exact.items():
+        assert draws[value] / 20_000 == pytest.approx(ways / 64, abs=0.01), value
+    # P(≤ 0) = 1/64 < 2.5 % < P(≤ 0.005) = 5/64 and P(≤ 0.05) = 59/64 < 97.5 % < P(≤ 0.06) = 63/64
+    assert hierarchical_bootstrap(per_client(values)) == pytest.approx((0.005, 0.06))
+
+
+def test_unequal_client_counts_resample_each_seed_within_its_own_clients():
+    # seed 0 has one client (0.0), seed 1 three (1, 2, 3): a draw below 0.5 is seed 0 twice (chance 1/4),
+    # exactly 0; any draw of seed 1 adds its clients' mean m, at least 1, so nothing lies in (0, 0.5).
+    # P(draw >= 1) = 1/4 (seed 1 twice) + 1/2 P(m >= 2) (one each) = 1/4 + 1/2 * 17/27 (sums of 3 draws >= 6)
+    draws = bootstrap_means(per_client({0: [0.0], 1: [1.0, 2.0, 3.0]}), 20_000, seed=1)
+    assert np.mean(draws == 0.0) == pytest.approx(0.25, abs=0.01) and not ((draws > 0) & (draws < 0.5)).any()
+    assert draws.max() <= 3.0 and np.mean(draws >= 1.0) == pytest.approx(1 / 4 + 17 / 54, abs=0.01)
+
+
+def test_the_bootstrap_is_deterministic_given_its_seed():
+    d = per_client({0: [0.01, 0.03, -0.02], 1: [0.04, 0.0], 2: [0.02, 0.05, 0.01]})
+    assert hierarchical_bootstrap(d, seed=11) == hierarchical_bootstrap(d, seed=11)
+    assert len(bootstrap_means(d)) == BOOTSTRAP_RESAMPLES and len(bootstrap_means(d, 2_500)) == 2_500
+    assert not np.array_equal(bootstrap_means(d, 100, seed=1), bootstrap_means(d, 100, seed=2))
+    assert np.array_equal(bootstrap_means(d, 2_500, seed=4)[:1_000], bootstrap_means(d, 1_000, seed=4))
 
 
 def simulated_runs(rng, trials: int, seeds: int, clients: int = 10) -> np.ndarray:

@@ -256,11 +256,17 @@ def test_finished_sweep_prints_as_before_in_both_modes(tmp_path):
         assert table.marked is None and table.footnote == ""
 
 
+# FedSelect and FedAvg over 5 seeds, FedSelect 40 points above on every client (39 on odd seeds); Local one seed
+FIVE_SEEDS = {("local", 0): [0.7, 0.7, 0.7]} | {
+    (algorithm, s): [v + 0.02 * s + (0.01 * (s % 2) if algorithm == "fedavg" else 0.0) for v in final]
+    for s in range(5) for algorithm, final in (("fedselect", [0.9, 0.8, 0.7]), ("fedavg", [0.5, 0.4, 0.3]))}
+
+
 @pytest.mark.parametrize("with_trials", [True, False], ids=["trials.parquet", "rows only"])
 def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
     """Local (one seed) stopped at round 3 of 5: by its status, or, without trials.parquet (a
     crashed sweep), by its last round against its configured `rounds`."""
-    sweep = write_sweep(tmp_path / "s", stopped={("local", 0): 3}, with_trials=with_trials)
+    sweep = write_sweep(tmp_path / "s", stopped={("local", 0): 3}, with_trials=with_trials, acc=FIVE_SEEDS)
     trials = load_trials(sweep)
     assert set(trials["status"]) == ({"COMPLETED", "STOPPED"} if with_trials else {"INCOMPLETE"})
     assert unfinished(trials).sum() == 1
@@ -268,11 +274,13 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
     assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
     latex = (tmp_path / "t" / "methods.tex").read_text()
     rows = body_rows(latex)
-    # the CLI pairs the clients' final accuracies (Wilcoxon over 3-6 (client, seed) pairs): among
-    # 4 comparisons with a reference nothing survives Benjamini-Hochberg, so nothing is marked and
-    # nothing is significantly worse than the best: every cell is bold
-    assert rows["Local"] == ["\\bfseries 60.0$^\\dagger$ (n=1)"]       # its round-3 accuracy, marked
-    assert rows["FedSelect"] == ["\\bfseries 85.0 $\\pm$ 7.1"] and rows["FedAvg"] == ["\\bfseries 45.0 $\\pm$ 7.1"]
+    # FedSelect against FedAvg: a paired t-test over their 5 seeds, marked; Local shares one seed with
+    # each: no test, no mark, and not bold as it prints less than the best
+    assert rows["Local"] == ["60.0$^\\dagger$ (n=1)"]                    # its round-3 accuracy, marked
+    assert rows["FedSelect"] == ["\\bfseries 84.0 $\\pm$ 3.2$^{\\blacktriangle}$"]
+    assert rows["FedAvg"] == ["44.4 $\\pm$ 3.2"]                          # significantly worse than the best
+    assert "paired t-test on the per-seed mean accuracies over 5 common seeds" in latex
+    assert "Other pairs of cells share fewer than 5 seeds (1 in common): no test and no mark" in latex
     assert latex.count("$^\\dagger$") == 2                             # the cell and the caption
     assert ("$^\\dagger$ = includes runs that did not finish (stopped early, failed or still running), "
             "each at the last round it reached: round 3 of 5.}") in latex
@@ -281,10 +289,11 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
 
     assert tables.main([str(sweep), "--table", "methods", "--out", str(tmp_path / "d"), "--unfinished", "drop"]) == 0
     dropped = (tmp_path / "d" / "methods.tex").read_text()
-    # without Local, FedSelect against FedAvg is the one comparison (6 pairs, p = 1/32): marked,
-    # and FedAvg, significantly worse than the best, is not bold
-    assert body_rows(dropped) == {"FedSelect": ["\\bfseries 85.0 $\\pm$ 7.1$^{\\blacktriangle}$"],
-                                  "FedAvg": ["45.0 $\\pm$ 7.1"], "Local": ["--"]}  # the cell is left empty
+    # without Local, FedSelect against FedAvg is the one pair of cells tested: marked, and FedAvg,
+    # significantly worse than the best, is not bold
+    assert body_rows(dropped) == {"FedSelect": ["\\bfseries 84.0 $\\pm$ 3.2$^{\\blacktriangle}$"],
+                                  "FedAvg": ["44.4 $\\pm$ 3.2"], "Local": ["--"]}  # the cell is left empty
+    assert "over the table's 1 distinct pair of cells tested" in dropped and "fewer than 5" not in dropped
     assert "dagger" not in dropped and "Left out: 1 run that did not finish (reached round 3 of 5).}" in dropped
 
 
