@@ -20,8 +20,10 @@ selection stage (the seed a configuration was chosen on is not a fresh seed) and
 pretraining stage (not a compared method); per data setting and method the configuration that
 `analysis.common.chosen_trials` picks (validation accuracy where every trial has it, else the
 declared configuration; test accuracy never picks); per seed its final accuracy (`acc_mean`, the
-client mean at the last evaluated round). A comparison is the per-seed difference over the
-seeds both methods ran (`analysis.paired.difference`). Below `paired.MIN_SEEDS` (5) common seeds
+client mean at the round the sweep reports: the last evaluated one, or under report_round =
+best_val the one with the best validation accuracy). A diverged run (`diverged`) is left out and
+said in the row ("k of n seeds diverged"). A comparison is the per-seed difference over the
+seeds both methods ran without diverging (`analysis.paired.difference`). Below `paired.MIN_SEEDS` (5) common seeds
 there is no test: inconclusive, "fewer than 5 seeds".
 
 Multiplicity. One paper's tested rows (its claims × sweeps × data settings, every row with a test;
@@ -32,9 +34,10 @@ superiority claims) the equivalence tests. Verdicts, with alpha = 0.05 on Holm-a
 
     holds           the claim's own test rejects
     opposite        significantly the other way: the two-sided paired t-test finds B better
-                    (superiority, non-inferiority), finds a difference (equivalence; "comparable"
-                    fails), or some opponent is better (best: the smallest two-sided p among the
-                    opponents ahead of A, times the number of opponents, Bonferroni within the row)
+                    (superiority, non-inferiority), the difference lies beyond ±m (equivalence:
+                    `paired.outside`; a significant difference inside the margin is no objection),
+                    or some opponent is better (best: the smallest two-sided p among the opponents
+                    ahead of A, times the number of opponents, Bonferroni within the row)
     equivalent      (superiority only) no significant difference and TOST within ±m rejects: the
                     claim's margin is printed
     inconclusive    none of these; printed with the smallest true difference the study could have
@@ -171,9 +174,23 @@ def compared_trials(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_seed(chosen: pd.DataFrame, setting: str, method: str) -> pd.Series:
-    """One method's final accuracy per seed in one setting (indexed by seed)."""
+    """One method's reported accuracy per seed in one setting (indexed by seed); a diverged run
+    (`diverged`) is a result of its own, not a number: left out (`diverged_note` says so)."""
     mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
-    return mine.groupby("seed")[MEASURE].mean()
+    return mine[~diverged(mine)].groupby("seed")[MEASURE].mean()
+
+
+def diverged(trials: pd.DataFrame) -> pd.Series:
+    return trials["diverged"].fillna(False).astype(bool) if "diverged" in trials else \
+        pd.Series(False, index=trials.index)
+
+
+def diverged_note(chosen: pd.DataFrame, setting: str, methods) -> str:
+    """e.g. "; FedPAC: 1 of 5 seeds diverged (left out)", for each of `methods` with a diverged run."""
+    here = chosen[chosen["setting"] == setting]
+    notes = [f"{m}: {int(diverged(part).sum())} of {part['seed'].nunique()} seeds diverged (left out)"
+             for m in methods if len(part := here[here["method"] == m]) and diverged(part).any()]
+    return "".join(f"; {n}" for n in notes)
 
 
 def busiest_mb(sweep: Path, chosen: pd.DataFrame) -> pd.Series:
@@ -230,7 +247,8 @@ def pair_row(claim: Claim, a: pd.Series, b: pd.Series) -> dict:
     row = versus(a, b, d)
     if d.n < paired.MIN_SEEDS:
         return row | too_few()
-    return row | {"p_claim": own_p(claim, d), "p_opposite": d.p, "sd": d.sd, "mean": d.mean,
+    opposite = paired.outside(d, claim.margin) if claim.kind == EQUIVALENCE else d.p
+    return row | {"p_claim": own_p(claim, d), "p_opposite": opposite, "sd": d.sd, "mean": d.mean,
                   "p_equivalence": paired.equivalence(d, claim.margin) if claim.kind == SUPERIORITY else math.nan}
 
 
@@ -275,12 +293,20 @@ def setting_row(claim: Claim, chosen: pd.DataFrame, setting: str, mb: pd.Series 
         return traffic_row(claim, mb, setting)
     a = per_seed(chosen, setting, claim.method)
     if claim.kind != BEST:
-        return pair_row(claim, a, per_seed(chosen, setting, claim.reference))
+        row = pair_row(claim, a, per_seed(chosen, setting, claim.reference))
+        return with_divergence(row, chosen, setting, (claim.method, claim.reference))
     if a.empty:
         return untested(f"no {claim.method} trials in this setting")
     here = chosen[chosen["setting"] == setting]
     rivals = [m for m in methods_order(here) if m != claim.method and m not in claim.tied]
-    return best_row(claim, a, {m: per_seed(chosen, setting, m) for m in rivals})
+    row = best_row(claim, a, {m: per_seed(chosen, setting, m) for m in rivals})
+    return with_divergence(row, chosen, setting, (claim.method, *rivals))
+
+
+def with_divergence(row: dict, chosen: pd.DataFrame, setting: str, methods) -> dict:
+    """The row with its methods' diverged seeds said after ours (never averaged in)."""
+    note = diverged_note(chosen, setting, methods)
+    return row | {"ours": f"{row.get('ours', '')}{note}"} if note else row
 
 
 def sweep_rows(claim: Claim, sweep: Path, data: dict) -> list[dict]:
@@ -367,7 +393,8 @@ def verdict_of(row: pd.Series) -> dict:
         return {"verdict": HOLDS, "holm_p": row["holm_p_claim"], "test": f"{TEST_NAMES[kind]}; {family}"}
     against = kind in (EQUIVALENCE, BEST) or row["mean"] < 0
     if against and row["holm_p_opposite"] < alpha:
-        test = "two-sided paired t-tests, Bonferroni over the opponents" if kind == BEST else "two-sided paired t-test"
+        test = {BEST: "two-sided paired t-tests, Bonferroni over the opponents",
+                EQUIVALENCE: f"t-test of a difference beyond ±{100 * row['margin']:g} pp"}.get(kind, "two-sided paired t-test")
         return {"verdict": OPPOSITE, "holm_p": row["holm_p_opposite"], "test": f"{test}; {family}"}
     if kind == SUPERIORITY and row["holm_p_opposite"] >= alpha and row["holm_p_equivalence"] < alpha:
         margin = f"±{100 * row['margin']:g} pp"

@@ -15,6 +15,7 @@ difference (`tests/test_paired.py` simulates it), so every statistic here is ove
 - `equivalence(d, margin)`: two one-sided t-tests (TOST): equivalent within ±margin when both
   reject, i.e. the 90 % interval lies inside (−margin, +margin);
 - `noninferior(d, margin)`: the one-sided t-test of difference > −margin;
+- `outside(d, margin)`: the test that the difference lies beyond ±margin (refutes equivalence);
 - `hierarchical_bootstrap(d)`: a percentile interval of the paired difference from per-(seed,
   client) differences A − B, resampling seeds, then clients within each drawn seed: descriptive
   only (an interval for 2-4 seeds where per-client accuracies are known), never a test or a mark;
@@ -144,6 +145,19 @@ def equivalence(d: Difference, margin: float) -> float:
     if margin <= 0:
         raise ValueError(f"an equivalence margin must be positive, got {margin}")
     return max(_one_sided(d, -margin, "greater"), _one_sided(d, margin, "less"))
+
+
+def outside(d: Difference, margin: float) -> float:
+    """p-value of the test that the true difference lies beyond ±margin, on the side of the
+    observed mean: the one-sided t-test of mean > margin (or < −margin), doubled because the side
+    is chosen after seeing the data (capped at 1). What refutes an equivalence claim: a difference
+    that is significant but inside the margin does not."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be positive, got {margin}")
+    if d.n < 2:
+        return math.nan
+    one = _one_sided(d, margin, "greater") if d.mean >= 0 else _one_sided(d, -margin, "less")
+    return min(1.0, 2.0 * one)
 
 
 def noninferior(d: Difference, margin: float) -> float:

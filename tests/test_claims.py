@@ -82,12 +82,26 @@ def test_noninferiority_and_equivalence_claims_use_their_margins(tmp_path):
                                                                                "equivalence, ±1 pp"]
     rows = judged(tmp_path / "far", {"A": BASE - BETTER, "B": BASE}, [ni, eq])   # 5 points below
     assert list(rows["verdict"]) == [OPPOSITE, OPPOSITE]
+    # 0.4 pp below on every seed: a significant difference, but inside ±1 pp: never "opposite" to comparable
+    steady = BASE - 0.004 + np.array([0.0005, -0.0005, 0.0, 0.0005, -0.0005])
+    row = judged(tmp_path / "steady", {"A": steady, "B": BASE}, [eq]).iloc[0]
+    assert paired.difference(pd.Series(steady), pd.Series(BASE)).p < 0.001 and row["verdict"] == HOLDS
     with pytest.raises(ValueError, match="margin"):
         Claim("P", "x", "", (STUDY,), EQUIVALENCE, "A", "B", margin=0)
     with pytest.raises(ValueError, match="unknown kind"):
         Claim("P", "x", "", (STUDY,), "better", "A", "B")
     with pytest.raises(ValueError, match="no reference"):
         Claim("P", "x", "", (STUDY,), BEST, "A", "B")
+
+
+def test_a_diverged_seed_is_left_out_and_said(tmp_path):
+    folder = write_sweep(tmp_path / "s", {"A": np.append(BASE + BETTER, 0.99), "B": np.append(BASE, 0.80)})
+    trials = pd.read_parquet(folder / "trials.parquet")
+    trials["diverged"] = trials["config_hash"] == "A|6|confirm"     # A's sixth seed: the best number, diverged
+    trials.to_parquet(folder / "trials.parquet", index=False)
+    row = check_claims([folder], [superiority()]).iloc[0]
+    assert row["seeds"] == 5 and row["verdict"] == HOLDS
+    assert row["ours"] == f"{100 * (BASE + BETTER).mean():.1f} vs {100 * BASE.mean():.1f}; A: 1 of 6 seeds diverged (left out)"
 
 
 def test_fewer_than_five_common_seeds_is_inconclusive_without_a_test(tmp_path):

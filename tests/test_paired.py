@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from analysis.paired import (BOOTSTRAP_RESAMPLES, MIN_SEEDS, bootstrap_means, client_differences, detectable,
-                             difference, equivalence, hierarchical_bootstrap, holm, noninferior)
+                             difference, equivalence, hierarchical_bootstrap, holm, noninferior, outside)
 
 # A − B per seed: 0.02, 0.02, −0.01, 0.04, 0.02: mean 0.018, sd √0.00032, standard error exactly 0.008
 A = pd.Series([0.80, 0.82, 0.79, 0.85, 0.81], index=[0, 1, 2, 3, 4])
@@ -184,3 +184,15 @@ def test_under_no_difference_the_seed_level_test_rejects_at_most_five_percent_an
     pairs = (acc[:, 0, :3] - acc[:, 1, :3]).reshape(trials, -1)
     client_level = (scipy_stats.wilcoxon(pairs, axis=1).pvalue < 0.05).mean()
     assert client_level > 0.25, client_level
+
+
+def test_outside_tests_a_difference_beyond_the_margin_on_its_side():
+    """Differences 0.03, 0.04, 0.05 (mean 0.04, sd 0.01, se 0.01/sqrt 3): beyond +0.01 by 0.03, so
+    t = 0.03 / (0.01 / sqrt 3) = 5.196 on 2 degrees of freedom; one-sided p = 0.017549, doubled."""
+    d = difference(pd.Series([0.83, 0.84, 0.85]), pd.Series([0.80, 0.80, 0.80]))
+    assert outside(d, 0.01) == pytest.approx(2 * 0.017549, abs=2e-6)
+    assert outside(d, 0.05) > 0.5                      # the mean is inside ±5 pp: no evidence beyond
+    flipped = difference(pd.Series([0.80, 0.80, 0.80]), pd.Series([0.83, 0.84, 0.85]))
+    assert outside(flipped, 0.01) == pytest.approx(outside(d, 0.01))
+    with pytest.raises(ValueError, match="margin must be positive"):
+        outside(d, 0.0)
