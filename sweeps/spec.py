@@ -45,7 +45,8 @@ A `[pretraining]` table makes the study two stages (sweeps/stages.py): one pretr
 data setting, seed and model of the trials (their data knobs and model, the table's knobs, every
 other knob at its default) writes its final model, and every trial names it (`pretrained` = its
 config hash). The table is the pretraining's alone: [knobs], [[methods]] and the command line's
-knob flags set the second stage. A pretraining study runs a grid (no search, no scheduler).
+knob flags set the second stage, which may be searched: then every seed a selected configuration
+is confirmed on gets its own pretraining, as does the search seed.
 
 With a search or a scheduler, selection never touches test data or crosses data settings: each
 (data setting, method) group is searched or scheduled on its own, on the search's own seed
@@ -320,9 +321,6 @@ def _check_tune(spec: StudySpec, where: str) -> None:
         raise SweepError(f"{where}: [search] tune confirms each method's selected configuration on the study's seeds, "
                          f"and the paired t-test over seeds behind every mark and claim needs at least "
                          f"{MIN_CONFIRM_SEEDS}; got seeds = {list(spec.seeds)}")
-    if spec.pretraining is not None:
-        raise SweepError(f"{where}: [search] tune with a [pretraining] is not supported yet (each confirm seed "
-                         f"would need its own pretraining); run the second stage as a grid")
     for method in spec.methods:
         searched = [k for k in search_space(method.algorithm) if k not in method.knobs] if tuned(spec, method) else []
         clash = [k for k in searched if k in spec.knobs]
@@ -383,10 +381,6 @@ def _check_pretraining(spec: StudySpec, where: str) -> None:
             raise SweepError(f"{here}: {name} is not a knob of {pre.algorithm}"
                              + (f" (it is a knob of {' and '.join(owners[name])})" if name in owners else "")
                              + "; see `python -m fl_core --help` for the knobs")
-    if spec.selects:
-        raise SweepError(f"{where}: a study with a [pretraining] runs a grid (search kind = grid, scheduler = fifo), "
-                         f"not search={spec.search!r}, scheduler={spec.scheduler!r}: selected configurations "
-                         f"re-run on other seeds would need those seeds' pretraining")
     for table, name in [(spec.knobs, "[knobs]"), *((m.knobs, m.algorithm) for m in spec.methods)]:
         if table.get("pretrained") or table.get("checkpoint_dir") is not None:
             knob = "pretrained" if table.get("pretrained") else "checkpoint_dir"

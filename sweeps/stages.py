@@ -15,7 +15,8 @@ Ray Tune experiment of its own (folder `tune-<stage>` in the sweep, resumed stag
   confirm     per select stage, its best COMPLETED configuration (highest objective at the final
               round; an early-stopped trial never wins) re-run on every seed of the study, to
               completion
-A study with a [pretraining] table (a grid only) runs a stage before them:
+A study with a [pretraining] table runs a stage before them (before the grid, or before the
+anchor and select stages, with a pretraining for the search seed and every confirm seed):
   pretrain    one run of the table's method per data setting, seed and model of the trials
               (`pretraining_config`): it writes its final model to <sweep>/checkpoints/<hash>.pt
               (sweeps/trainable.py), and every trial of the next stage names that hash in its
@@ -145,13 +146,16 @@ def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
 def plan_stages(spec: StudySpec) -> list[Stage]:
     """The stages of a sweep, every config validated (raises ConfigError / SweepError)."""
     spec = with_tuning(spec)
-    if spec.pretraining is not None:
-        if spec.selects:
-            raise SweepError(f"{spec.source or spec.name}: a study with a [pretraining] runs a grid (no search, no "
-                             f"scheduler)")
+    if spec.pretraining is not None and not spec.selects:
         return pretrained_stages(grid_trials(spec), spec.pretraining)
     if not spec.selects:
         return [Stage("tune", "grid", tuple(grid_trials(spec)))]
+    stages = selection_stages(spec)
+    return stages if spec.pretraining is None else pretrained_selection(spec, stages)
+
+
+def selection_stages(spec: StudySpec) -> list[Stage]:
+    """anchors, then one select stage per (data setting, searched method) on the search seed."""
     stages = []
     anchors = grid_trials(spec, anchors=True)
     if anchors:
@@ -177,6 +181,29 @@ def plan_stages(spec: StudySpec) -> list[Stage]:
                 stages.append(Stage(f"tune-select-{index}", "select", tuple(("select", c) for c in trials), {}, group))
             index += 1
     return stages
+
+
+def pretrained_selection(spec: StudySpec, stages: list[Stage]) -> list[Stage]:
+    """A [pretraining] study that selects: the pretrain stage first, with a pretraining for every
+    data setting and model of the later trials on the search seed and on every confirm seed (a
+    selected configuration is confirmed on seeds that need their own), then the anchor and select
+    stages, each trial naming its pretraining (`pretrained`); `confirm_stage` names the confirm
+    seeds' ones."""
+    bases = [c for stage in stages for _, c in stage.configs]
+    needed = [c.replace(seed=s) for c in bases for s in (*spec.seeds, spec.search_seed)]
+    first = {}
+    for config in needed:
+        pre = pretraining_config(config, spec.pretraining)
+        first.setdefault(pre.config_hash(), pre)
+    named = [Stage(s.name, s.kind, tuple((kind, with_pretraining(c, spec.pretraining)) for kind, c in s.configs),
+                   s.domains, s.group) for s in stages]
+    return [Stage("tune-pretrain", "pretrain", tuple(("pretrain", c) for c in first.values())), *named]
+
+
+def with_pretraining(config: RunConfig, pretraining: Method | None) -> RunConfig:
+    """The config naming its own pretraining's hash (unchanged without a [pretraining])."""
+    return config if pretraining is None else config.replace(
+        pretrained=pretraining_config(config, pretraining).config_hash())
 
 
 def pretraining_config(config: RunConfig, pretraining: Method) -> RunConfig:
@@ -212,8 +239,9 @@ def _check_domains(base: RunConfig, domains: dict[str, Any]) -> None:
 
 
 def confirm_stage(spec: StudySpec, winners: list[RunConfig]) -> Stage | None:
-    """The winners of the select stages on every seed of the study (None: nothing to run)."""
-    trials = [("confirm", c.replace(seed=s)) for c in winners for s in spec.seeds]
+    """The winners of the select stages on every seed of the study, each naming that seed's
+    pretraining where the study has one (None: nothing to run)."""
+    trials = [("confirm", with_pretraining(c.replace(seed=s), spec.pretraining)) for c in winners for s in spec.seeds]
     return Stage("tune-confirm", "confirm", tuple(trials)) if trials else None
 
 

@@ -17,7 +17,7 @@ from fl_core.config import DATA_KNOBS, RunConfig
 from sweeps.errors import SweepError
 from sweeps.parquet_sink import read_rounds
 from sweeps.spec import parse_spec, resolved, to_toml, with_overrides
-from sweeps.stages import plan_stages, pretraining_config
+from sweeps.stages import confirm_stage, plan_stages, pretraining_config
 from sweeps.study import build_parser, describe, plan_sweep, run_study, study_of_file
 
 BASE = {"name": "two", "seeds": [0, 1],
@@ -40,6 +40,24 @@ def spec_of(**changes):
 
 
 # ---------------------------------------------------------------------------- planning
+def test_a_searched_second_stage_gets_a_pretraining_for_the_search_seed_and_every_confirm_seed():
+    knobs = {k: v for k, v in BASE["knobs"].items() if k != "lr"}     # tune searches ft's lr
+    spec = resolved(spec_of(seeds=[0, 1, 2, 3, 4], search={"tune": ["ft"], "num_samples": 2, "seed": 9}, knobs=knobs,
+                            methods=[{"algorithm": "ft", "bn_mode": "C"}, {"algorithm": "fedl2p", "fixed": True}]))
+    pretrain, anchors, *selects = plan_stages(spec)
+    assert (pretrain.kind, anchors.kind, [s.kind for s in selects]) == ("pretrain", "anchor", ["select", "select"])
+    pretrained = {c.config_hash(): c for _, c in pretrain.configs}
+    assert {(c.dir_alpha, c.seed) for c in pretrained.values()} == {(a, s) for a in (0.1, 0.5) for s in (0, 1, 2, 3, 4, 9)}
+    for _, c in [*anchors.configs, *(pair for s in selects for pair in s.configs)]:
+        assert pretrained[c.pretrained].seed == c.seed and pretrained[c.pretrained].dir_alpha == c.dir_alpha
+    assert {c.seed for s in selects for _, c in s.configs} == {9}
+    winner = selects[0].configs[0][1].replace(lr=0.07)            # as a search would pick it
+    confirm = confirm_stage(spec, [winner])
+    assert [c.seed for _, c in confirm.configs] == [0, 1, 2, 3, 4]
+    for _, c in confirm.configs:                                  # each seed starts from its own pretraining
+        assert c.pretrained in pretrained and pretrained[c.pretrained].seed == c.seed and c.lr == 0.07
+
+
 def test_the_pretrain_stage_comes_first_once_per_data_setting_and_seed_and_every_trial_names_its_own():
     pretrain, tune = plan_stages(resolved(spec_of()))
     assert (pretrain.name, pretrain.kind, tune.name, tune.kind) == ("tune-pretrain", "pretrain", "tune", "grid")
@@ -96,17 +114,16 @@ def test_dry_run_shows_the_pretrain_stage_and_its_trials(tmp_path):
     ({"pretraining__algorithm": "nope"}, r"\[pretraining\]: algorithm='nope'; choose one of .*fedavg"),
     ({"pretraining": ["fedavg"]}, r"\[pretraining\]: expected a table"),
     ({"knobs__pretrained": "0123456789ab"}, r"\[knobs\]: pretrained='0123456789ab'.*leave pretrained out"),
-    ({"search": {"kind": "optuna"}}, r"a study with a \[pretraining\] runs a grid.*search='optuna'"),
-    ({"search": {"scheduler": "asha"}}, r"a study with a \[pretraining\] runs a grid.*scheduler='asha'"),
 ])
 def test_bad_pretraining_tables_fail_with_one_error_naming_the_key(change, needle):
     with pytest.raises(SweepError, match=needle):
         spec_of(**change)
 
 
-def test_a_search_flag_on_a_pretraining_study_is_refused():
-    with pytest.raises(SweepError, match=r"runs a grid"):
-        with_overrides(spec_of(), {}, search="optuna")
+def test_a_search_flag_on_a_pretraining_study_searches_its_second_stage():
+    stages = plan_stages(resolved(with_overrides(spec_of(), {}, search="optuna")))
+    assert [s.kind for s in stages] == ["pretrain"] + ["select"] * 4   # (Dir α) x (ft, fedl2p)
+    assert stages[1].domains == {"bn_mode": ["C", "G"]}
 
 
 # ---------------------------------------------------------------------------- end to end
