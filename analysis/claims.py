@@ -64,7 +64,7 @@ from sweeps.spec import load_spec
 
 from . import paired
 from .common import SELECT, chosen_trials, methods_order, selection_phrase, settings_order, stage_column
-from .load import DamagedFile, find_sweeps, load_rounds, load_trials, unfinished
+from .load import DamagedFile, diverged, find_sweeps, load_rounds, load_trials, unfinished
 
 HOLDS, OPPOSITE, EQUIVALENT, UNSURE, NOT_RUN = "holds", "opposite", "equivalent", "inconclusive", "not rerun yet"
 SUPERIORITY, NONINFERIORITY, EQUIVALENCE, BEST, LESS_MB = "superiority", "noninferiority", "equivalence", "best", \
@@ -178,11 +178,6 @@ def per_seed(chosen: pd.DataFrame, setting: str, method: str) -> pd.Series:
     (`diverged`) is a result of its own, not a number: left out (`diverged_note` says so)."""
     mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
     return mine[~diverged(mine)].groupby("seed")[MEASURE].mean()
-
-
-def diverged(trials: pd.DataFrame) -> pd.Series:
-    return trials["diverged"].fillna(False).astype(bool) if "diverged" in trials else \
-        pd.Series(False, index=trials.index)
 
 
 def diverged_note(chosen: pd.DataFrame, setting: str, methods) -> str:

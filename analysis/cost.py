@@ -5,7 +5,8 @@ method's training cost (the poster's Tables 1-3 in one).
 report their training cost, or with `--table cost`):
 - rows: methods (with several data settings: one block of rows per setting);
 - per c (`participation`): accuracy before fine-tuning (`acc_global`: the model a device holds
-  after the last round) and after (`acc`: its fine-tuned copy), final round, mean ± std over seeds,
+  after the last round) and after (`acc`: its fine-tuned copy), final round (with `report_round`
+  "best_val": each run's round with the best mean validation accuracy), mean ± std over seeds,
   in %; a cell that differs significantly from FedAvg+FT's in its column (the poster's baseline
   of fine-tuning after federated training) is marked "▲"/"▼" (a paired t-test over 5 or more
   common seeds; none below); bold: the best after-FT cell of each column and every one not
@@ -14,6 +15,8 @@ report their training cost, or with `--table cost`):
   groups are not counted), forward and backward FLOPs per training sample (torch's counter,
   convolutions and matrix products, 1 multiply-add = 2 FLOPs; no weight gradient for a frozen
   layer), each the mean over devices, from the clients' own rows.
+A run that diverged is left out of its cell's numbers and tests, the cell counting it ("1 of 5
+seeds diverged"; analysis.stats).
 Finished trials only; where a method has several configurations in a cell, the one with the best
 final accuracy (mean over seeds).
 """
@@ -25,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import TableError, chosen_trials, counted, methods_order, selection_phrase, settings_order
-from analysis.load import load_rounds, unfinished
-from analysis.render import MISSING, write_grouped_table
+from analysis.load import diverged, load_rounds, reported_rounds, unfinished
+from analysis.render import MISSING, reported_round_text, seeds_diverged, write_grouped_table
 from analysis.stats import compare, final_accuracies
 from fl_core.results import across_seeds, setting_label
 
@@ -55,24 +58,29 @@ def device_costs(sweeps, hashes) -> pd.DataFrame:
     return rows.groupby(["config_hash", "client"])[list(COST)].last().reset_index()
 
 
-def _pm(values, marks: str = "") -> str | None:
+def _pm(values, marks: str = "", lost: int = 0) -> str | None:
+    """The cell of the values (fractions) of its runs that did not diverge; `lost`: those that did."""
     mean, std, n = across_seeds(np.asarray(values, dtype=float) * 100)
-    return None if n == 0 else (f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}") + marks
+    if n == 0:
+        return seeds_diverged(lost, lost) if lost else None
+    text = (f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}") + marks
+    return text + (f" ({seeds_diverged(lost, n + lost)})" if lost else "")
 
 
 def accuracy_runs(sweeps, chosen: pd.DataFrame):
     """(runs, finals) for `analysis.stats.compare`: per trial and column part (before / after
-    fine-tuning) its accuracy, in the group (setting, c, part); the per-client finals keyed by
-    "<config hash>|<part>"."""
+    fine-tuning) its accuracy and whether it diverged, in the group (setting, c, part); the
+    per-client finals, at each run's reported round, keyed by "<config hash>|<part>"."""
     rounds = load_rounds(sweeps, columns=["acc", "acc_global", "pool"], trials=chosen["config_hash"], labels=False)
     runs, finals = [], []
     for part, column in PARTS.items():
         runs.append(pd.DataFrame({"row": chosen["method"], "seed": chosen["seed"], "value": chosen[f"{column}_mean"],
                                   "column": [(s, _c_label(c), part) for s, c in zip(chosen["setting"],
                                                                                     chosen["participation"])],
-                                  "run": chosen["config_hash"] + f"|{part}"}))
+                                  "run": chosen["config_hash"] + f"|{part}", "diverged": diverged(chosen)}))
         if column in rounds:
-            finals.append(final_accuracies(rounds, column).assign(run=lambda f, p=part: f["run"] + f"|{p}"))
+            finals.append(final_accuracies(rounds, column, reported=reported_rounds(chosen))
+                          .assign(run=lambda f, p=part: f["run"] + f"|{p}"))
     return pd.concat(runs, ignore_index=True), pd.concat(finals, ignore_index=True) if finals else None
 
 
@@ -108,8 +116,9 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
             for c, part in [(c, part) for c in rates for part in PARTS]:
                 at, key = mine[mine["participation"] == c], (method, (setting, _c_label(c), part))
-                cells.loc[row, (_c_label(c), part)] = _pm(at[f"{PARTS[part]}_mean"], marks.get(key, "")) \
-                    if len(at) else None
+                lost = diverged(at)
+                cells.loc[row, (_c_label(c), part)] = _pm(at.loc[~lost, f"{PARTS[part]}_mean"], marks.get(key, ""),
+                                                          int(lost.sum())) if len(at) else None
                 bold.loc[row, (_c_label(c), part)] = bool(bolds.get(key, False))
             if (setting, method) in cost_of.index:
                 cost = cost_of.loc[(setting, method)]
@@ -119,7 +128,8 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     seeds = chosen.groupby(["setting", "method", "participation"])["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     dropped = int(late.sum())
-    caption = (f"Accuracy (%) of the devices' models after the last round, before and after fine-tuning, mean ± std "
+    when = reported_round_text(chosen) or "after the last round"
+    caption = (f"Accuracy (%) of the devices' models {when}, before and after fine-tuning, mean ± std "
                f"over seeds ({n} per cell); c = share of devices per round. {verdict.caption('after fine-tuning')} "
                f"Cost, mean over devices: trainable parameters (a frozen head and frozen layer groups excluded) and "
                f"FLOPs per training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight "

@@ -24,7 +24,11 @@ or with `--table fedl2p`):
   from FT (BN C) in its row (the paper's fine-tuning baseline) is marked "▲"/"▼"; bold: the best
   cell of each row (Global Acc excluded) and every one not significantly worse (analysis.stats: a
   paired t-test over 5 or more common seeds, none below; per-client accuracies of the row's pool
-  give the descriptive interval of a difference over 2-4 seeds).
+  give the descriptive interval of a difference over 2-4 seeds). A run that diverged
+  (`diverged` in trials.parquet) is left out of its cell's numbers and tests, the cell counting
+  it ("1 of 5 seeds diverged"), and is never bold. Where the study reports each run's round with
+  the best mean validation accuracy (`report_round` = "best_val"), the seen clients are scored at
+  that round (`reported_round`) instead of the final one, and the caption says so.
 `tables/fedl2p_policy.tex`: per row of FedL2P, its ablations and L2P (seen clients): the learned
 policy at the final round (mean β, share of tensors at rate 0, mean η), the hypergradient time per
 client and round, and λ's traffic per client and round (up + down; L2P sends nothing).
@@ -42,9 +46,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import TableError, chosen_key, config_knobs, counted, selection_phrase, settings_order
-from analysis.load import load_rounds, unfinished
-from analysis.render import MISSING, format_cell, frame_latex, latex_cells, unfinished_note
-from analysis.stats import compare, final_accuracies
+from analysis.load import diverged, load_rounds, reported_rounds, unfinished
+from analysis.render import MISSING, format_cell, frame_latex, latex_cells, reported_round_text, unfinished_note
+from analysis.stats import compare, final_accuracies, reported_rows
 from fl_core.results import MB, across_seeds
 
 PERSONALIZING = ("ft", "l2p", "fedl2p")  # the methods that fine-tune a pretrained model
@@ -122,14 +126,15 @@ def study_trials(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return done[keep].reset_index(drop=True), mine[late]
 
 
-def final_scores(rounds: pd.DataFrame) -> pd.DataFrame:
+def final_scores(rounds: pd.DataFrame, reported: dict | None = None) -> pd.DataFrame:
     """Per (config_hash, pool): the client means of `acc` and `acc_global` at the pool's final
     round (the last one where some client of the pool has an accuracy: unseen clients are scored
-    after the last round only), and that round. Rows without `pool` are seen clients."""
+    after the last round only), the seen clients at the `reported` round of a run where given
+    (`analysis.load.reported_rounds`), and that round. Rows without `pool` are seen clients."""
     pool = rounds["pool"].fillna("seen") if "pool" in rounds else pd.Series("seen", index=rounds.index)
     scored = rounds.assign(pool=pool)[rounds["acc"].notna()]
-    last = scored.groupby(["config_hash", "pool"])["round"].transform("max")
-    final = scored[scored["round"] == last]
+    unseen = scored["pool"] == "unseen"
+    final = pd.concat([reported_rows(scored[~unseen], reported), reported_rows(scored[unseen])])
     return final.groupby(["config_hash", "pool"], as_index=False).agg(
         acc=("acc", "mean"), acc_global=("acc_global", "mean"), round=("round", "first"))
 
@@ -162,46 +167,59 @@ def method_columns(methods) -> list[str]:
 def fedl2p_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str, pd.DataFrame]:
     """(cell texts, bold mask, caption, summary rows) of `fedl2p.tex`; see the module docstring."""
     chosen, late = study_trials(trials)
+    reported = reported_rounds(chosen)
     rounds = load_rounds(sweeps, columns=["acc", "acc_global", "pool", "method", "setting"],
                          trials=chosen["config_hash"])
-    scores = final_scores(rounds).merge(chosen.drop(columns=["round"], errors="ignore"), on="config_hash")
+    scores = final_scores(rounds, reported).merge(chosen.drop(columns=["round"], errors="ignore"), on="config_hash")
     if scores.empty:
         raise TableError("fedl2p table: no per-client accuracies for the chosen trials")
     levels = _shown_levels(chosen, scores["pool"])
     rows = _row_order(scores, levels)
-    methods = method_columns(scores["method"])
-    columns = [GLOBAL, *methods]
-    stats, runs = {}, []  # (row, column) -> (mean, std, n); per row and method its runs (analysis.stats)
-    for row, group in scores.groupby(levels, sort=False):
-        row = row if isinstance(row, tuple) else (row,)
-        per_seed = group.groupby("seed")["acc_global"].mean()  # the seed's pretrained model
-        stats[(row, GLOBAL)] = across_seeds(per_seed.to_numpy())
-        for method, part in group.groupby("method"):
-            stats[(row, method)] = across_seeds(part["acc"].to_numpy())
-            runs.append(pd.DataFrame({"row": [row] * len(part), "column": method, "seed": part["seed"].to_numpy(),
-                                      "value": part["acc"].to_numpy(),
-                                      "run": (part["config_hash"] + "|" + part["pool"]).to_numpy()}))
-    finals = pd.concat([final_accuracies(rounds, "acc", pool).assign(run=lambda f, p=pool: f["run"] + f"|{p}")
+    columns = [GLOBAL, *method_columns(scores["method"])]
+    stats, runs = accuracy_cells(scores, levels)
+    finals = pd.concat([final_accuracies(rounds, "acc", pool, reported).assign(run=lambda f, p=pool: f["run"] + f"|{p}")
                         for pool in POOLS])
-    verdict = compare(pd.concat(runs, ignore_index=True), finals, REFERENCE, within="row")
+    verdict = compare(runs, finals, REFERENCE, within="row")
     marks = verdict.lookup("marks")
-    counts = [n for (_, column), (_, _, n) in stats.items() if column != GLOBAL and n > 0]
+    counts = [n + lost for (_, column), (_, _, n, lost) in stats.items() if column != GLOBAL and n + lost > 0]
     usual = int(pd.Series(counts).mode().min()) if counts else 0
     index = pd.MultiIndex.from_tuples(rows, names=[LEVELS[c] for c in levels])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
     for i, row in enumerate(rows):  # positional writes: the row index is in table order, not sorted
         for j, column in enumerate(columns):
-            mean, std, n = stats.get((row, column), (np.nan, np.nan, 0))
-            cells.iat[i, j] = format_cell(mean, std, n, usual, mark=marks.get((row, column), ""))
+            mean, std, n, lost = stats.get((row, column), (np.nan, np.nan, 0, 0))
+            cells.iat[i, j] = format_cell(mean, std, n, usual, mark=marks.get((row, column), ""), diverged=lost)
     bold = verdict.frame("bold", index, columns, False).astype(bool)
-    return cells, bold, _caption(chosen, levels, usual, stats, late, verdict.caption()), verdict.summary("fedl2p")
+    caption = _caption(chosen, levels, usual, set(counts), late, verdict.caption())
+    return cells, bold, caption, verdict.summary("fedl2p")
 
 
-def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, stats: dict, late: pd.DataFrame, tests: str) -> str:
-    seeds = {n for (_, column), (_, _, n) in stats.items() if column != GLOBAL and n > 0}
+def accuracy_cells(scores: pd.DataFrame, levels: list[str]) -> tuple[dict, pd.DataFrame]:
+    """(stats, runs) of the accuracy table's cells: (row, column) -> (mean, std, n, diverged) over
+    the seeds of the runs that did not diverge (`analysis.load.diverged`; the diverged counted),
+    Global Acc per seed over its runs (they share their seed's pretrained model); and per row and
+    method its runs for `analysis.stats.compare`."""
+    stats, runs = {}, []
+    lost = diverged(scores)
+    for row, group in scores.groupby(levels, sort=False):
+        row = row if isinstance(row, tuple) else (row,)
+        per_seed = group[~lost[group.index]].groupby("seed")["acc_global"].mean()
+        stats[(row, GLOBAL)] = (*across_seeds(per_seed.to_numpy()), 0)
+        for method, part in group.groupby("method"):
+            out = lost[part.index]
+            stats[(row, method)] = (*across_seeds(part.loc[~out, "acc"].to_numpy()), int(out.sum()))
+            runs.append(pd.DataFrame({"row": [row] * len(part), "column": method, "seed": part["seed"].to_numpy(),
+                                      "value": part["acc"].to_numpy(), "diverged": out.to_numpy(),
+                                      "run": (part["config_hash"] + "|" + part["pool"]).to_numpy()}))
+    return stats, pd.concat(runs, ignore_index=True)
+
+
+def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, seeds: set, late: pd.DataFrame, tests: str) -> str:
+    """`fedl2p_table`'s caption; `seeds`: the numbers of seeds run behind the compared cells."""
     count = f"{usual} seed{'s' if usual != 1 else ''} per cell" + ("" if len(seeds) <= 1 else " unless marked (n=k)")
+    when = reported_round_text(chosen) or "at the final round"
     parts = [f"FedL2P and its baselines: personalized accuracy (%) after fine-tuning the pretrained model for e "
-             f"epochs, at the final round, mean over clients, then mean ± std over seeds ({count}). {tests} Global "
+             f"epochs, {when}, mean over clients, then mean ± std over seeds ({count}). {tests} Global "
              f"Acc: the pretrained model before fine-tuning (not compared)."]
     if "pool" in levels:
         parts.append("Seen clients took part in training; unseen ones were held out and scored after the last round.")

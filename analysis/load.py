@@ -121,6 +121,32 @@ def unfinished(trials: pd.DataFrame) -> pd.Series:
     return flag
 
 
+def diverged(frame: pd.DataFrame) -> pd.Series:
+    """True for each run (a trial row, or a row of `analysis.stats.compare`'s runs) whose `diverged`
+    is set (fl_core.results.divergence: its training loss was lost, or its accuracy fell to chance
+    after learning); False where the column is missing or empty (sweeps older than it)."""
+    if "diverged" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["diverged"].astype(object).where(frame["diverged"].notna(), False).astype(bool)
+
+
+def report_rules(trials: pd.DataFrame) -> pd.Series:
+    """Each trial's `report_round` (fl_core.results.REPORT_ROUNDS: "last" or "best_val"), "last"
+    where the column is missing or empty (sweeps older than it reported their last round)."""
+    if "report_round" not in trials:
+        return pd.Series("last", index=trials.index, dtype=object)
+    return trials["report_round"].astype(object).where(trials["report_round"].notna(), "last")
+
+
+def reported_rounds(trials: pd.DataFrame) -> dict[str, int]:
+    """config hash -> `reported_round` of each trial whose rule is "best_val" (its accuracies are
+    those of that round, not of its last one); empty for trials that report their last round."""
+    if not {"config_hash", "reported_round"} <= set(trials.columns):
+        return {}
+    best = trials[report_rules(trials).eq("best_val") & trials["reported_round"].notna()]
+    return {h: int(r) for h, r in zip(best["config_hash"], best["reported_round"])}
+
+
 def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.DataFrame:
     """Trial rows (`fl_core.results.trial_row`) rebuilt from round rows; each keeps the hash and
     version its rows carry."""

@@ -11,6 +11,13 @@ significantly from a reference row of its column (a paired t-test over 5 or more
 fewer: no mark), bold on the best of its column (or of the table) and every cell not significantly
 worse than it; the caption says which test and correction.
 Without runs, bold is the best value as printed.
+
+A run that diverged (`diverged` in trials.parquet) is a result, not a number: it is left out of
+its cell's mean, std and n and of the tests, and the cell says "(k of n seeds diverged)" after
+its numbers, or only "n of n seeds diverged" where every seed did; such a cell is never bold, and
+the caption says so once (`analysis.stats.DIVERGED_NOTE`). The caption names the round the
+accuracies are at: "Final" where every run reports its last round, else each run's round with
+the best mean validation accuracy (`report_round` = best_val; `reported_round_text`).
 """
 from __future__ import annotations
 
@@ -21,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fl_core.results import across_seeds
+from fl_core.results import REPORT_ROUNDS, across_seeds
 
+from .load import diverged as diverged_trials
+from .load import report_rules
 from .load import unfinished as unfinished_trials
 from .stats import LATEX_MARKS, Verdict, compare
 
@@ -50,6 +59,8 @@ class Table:
     runs: pd.DataFrame | None = None    # None: no tests, bold = the best value as printed
     references: tuple[str, ...] = ()
     finals: pd.DataFrame | None = None
+    diverged: pd.DataFrame | None = None  # per cell, how many of its runs diverged (left out of mean, std, n)
+    reported: str = ""                    # the round the accuracies are at (`reported_round_text`; "": the last)
 
     _verdict: tuple = field(default=(None, None), repr=False, compare=False)  # (inputs, Verdict): computed once
 
@@ -64,41 +75,50 @@ class Table:
                                              best="group" if self.best == "column" else "table"))
         return self._verdict[1]
 
+    def lost(self) -> pd.DataFrame:
+        """Per cell, how many of its runs diverged (0 where `diverged` is not known)."""
+        return self.diverged if self.diverged is not None else self.n * 0
+
+    def seeds(self) -> pd.Series:
+        """The seeds run per cell, diverged ones included (n counts the others), of the cells with some."""
+        counts = (self.n + self.lost()).stack()
+        return counts[counts > 0]
+
     @property
     def usual_n(self) -> int:
-        """The most common number of seeds behind a cell (0 when the table is empty)."""
-        counts = self.n.stack()
-        counts = counts[counts > 0]
+        """The most common number of seeds run behind a cell (0 when the table is empty)."""
+        counts = self.seeds()
         return int(counts.mode().min()) if len(counts) else 0
 
     def seeds_uniform(self) -> bool:
-        counts = self.n.stack()
-        return counts[counts > 0].nunique() <= 1
+        return self.seeds().nunique() <= 1
 
     def cells(self, pm: str = "±", dagger: str = DAGGER) -> pd.DataFrame:
-        """The cell texts ("mean ± std", then `dagger` where the cell includes unfinished runs, then
-        the significance marks, then "(n=k)" when k differs from the usual count); None where there
-        is no result."""
+        """The cell texts (`format_cell`: "mean ± std", then `dagger` where the cell includes
+        unfinished runs, then the significance marks, then "(k of n seeds diverged)" or "(n=k)"
+        when k differs from the usual count); None where there is no result."""
         usual = self.usual_n
         verdict = self.verdict()
         marks = verdict.frame("marks", self.mean.index, self.mean.columns, "") if verdict else None
+        lost = self.lost()
         text = pd.DataFrame(None, index=self.mean.index, columns=self.mean.columns, dtype=object)
         for row in self.mean.index:
             for col in self.mean.columns:
                 mark = dagger if self.marked is not None and bool(self.marked.loc[row, col]) else ""
                 mark += marks.loc[row, col] if marks is not None else ""
                 text.loc[row, col] = format_cell(self.mean.loc[row, col], self.std.loc[row, col],
-                                                 int(self.n.loc[row, col]), usual, pm, mark)
+                                                 int(self.n.loc[row, col]), usual, pm, mark, int(lost.loc[row, col]))
         text.index.name, text.columns.name = None, self.row_title
         return text
 
     def best_mask(self) -> pd.DataFrame:
         """True where a cell is bold: with `runs`, `analysis.stats.compare`'s bold; without, where it
-        holds the best mean (of its column, or of the table) as printed, to 0.1%."""
+        holds the best mean (of its column, or of the table) as printed, to 0.1%, and no run of it
+        diverged."""
         verdict = self.verdict()
         if verdict is not None:
             return verdict.frame("bold", self.mean.index, self.mean.columns, False).astype(bool)
-        shown = (100 * self.mean).round(1)
+        shown = (100 * self.mean).round(1).where(self.lost().eq(0))
         if self.best == "table":
             return shown.eq(shown.max().max()) & shown.notna()
         return shown.eq(shown.max(axis=0), axis=1) & shown.notna()
@@ -111,7 +131,7 @@ class Table:
             count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell unless marked (n=k)"
         verdict = self.verdict()
         bold = "" if verdict is not None else " best in bold;"
-        legend = f"Final personalized accuracy (%), mean ± std over seeds ({count});{bold} -- = no result."
+        legend = f"{accuracy_words(self.reported)}, mean ± std over seeds ({count});{bold} -- = no result."
         tests = verdict.caption() if verdict is not None else ""
         return " ".join(part for part in (self.caption, legend, tests, *self.notes, self.footnote) if part)
 
@@ -119,22 +139,43 @@ class Table:
 def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
               mode: str = "mark", **extra) -> Table:
     """Mean, std and n over seeds (`across_seeds`) of `acc_mean` for each (rows, cols) cell;
-    absent cells get n = 0; each cell's runs (`Table.runs`) for the paired tests. Unfinished
-    trials (`analysis.load.unfinished`) are marked in their cells (`mode` "mark") or left out of
-    them ("drop"); the rows and columns stay those of all the trials, and the table's footnote
-    says what was marked or left out."""
+    absent cells get n = 0; each cell's runs (`Table.runs`) for the paired tests. Runs that
+    diverged (`analysis.load.diverged`) are left out of the numbers and the tests and counted per
+    cell (`Table.diverged`). Unfinished trials (`analysis.load.unfinished`; a diverged one counts
+    as diverged) are marked in their cells (`mode` "mark") or left out of them ("drop"); the rows
+    and columns stay those of all the trials, and the table's footnote says what was marked or
+    left out. The caption names the round the accuracies are at (`reported_round_text`)."""
     if mode not in UNFINISHED:
         raise ValueError(f"unknown mode {mode!r} for unfinished trials; choose from {', '.join(UNFINISHED)}")
     row_order = list(row_order) if row_order is not None else sorted(trials[rows].unique())
     col_order = list(col_order) if col_order is not None else sorted(trials[cols].unique())
-    late = unfinished_trials(trials) & trials["acc_mean"].notna()  # a trial without a result enters no cell
+    lost = diverged_trials(trials).to_numpy()
+    late = (unfinished_trials(trials) & trials["acc_mean"].notna()).to_numpy() & ~lost  # no result: no cell
 
     def known(name):
         return trials[name] if name in trials else pd.Series(np.nan, index=trials.index)
 
     reached = list(zip(known("rounds_done")[late], known("rounds")[late]))
-    used = trials[~late] if mode == "drop" else trials
-    cells = {key: across_seeds(group.to_numpy()) for key, group in used.groupby([rows, cols])["acc_mean"]}
+    keep = ~late if mode == "drop" else np.ones(len(trials), dtype=bool)
+    table = Table(name, *seed_stats(trials[keep & ~lost], rows, cols, row_order, col_order), **extra)
+    table.diverged = cell_counts(trials[keep & lost], rows, cols, row_order, col_order)
+    table.reported = reported_round_text(trials)
+    used = trials[keep & (trials["acc_mean"].notna().to_numpy() | lost)]
+    table.runs = pd.DataFrame({"row": used[rows], "column": used[cols], "value": used["acc_mean"],
+                               "seed": used["seed"] if "seed" in used else np.arange(len(used)),
+                               "run": used["config_hash"] if "config_hash" in used else None,
+                               "diverged": diverged_trials(used)})
+    if mode == "mark" and late.any():
+        table.marked = pd.Series(late, index=trials.index).groupby([trials[rows], trials[cols]]).any() \
+            .unstack(cols, fill_value=False).reindex(index=row_order, columns=col_order, fill_value=False).astype(bool)
+    table.footnote = unfinished_note(reached, dropped=mode == "drop")
+    return table
+
+
+def seed_stats(trials: pd.DataFrame, rows: str, cols: str, row_order, col_order) -> tuple[pd.DataFrame, ...]:
+    """(mean, std, n) over seeds (`across_seeds`) of the trials' `acc_mean` per (rows, cols) cell,
+    laid out as row_order x col_order (NaN, NaN, 0 where there is none)."""
+    cells = {key: across_seeds(group.to_numpy()) for key, group in trials.groupby([rows, cols])["acc_mean"]}
     index = pd.MultiIndex.from_tuples(list(cells), names=[rows, cols]) if cells else \
         pd.MultiIndex.from_arrays([[], []], names=[rows, cols])
     stats = pd.DataFrame(list(cells.values()), columns=["mean", "std", "count"], index=index, dtype=float)
@@ -142,29 +183,62 @@ def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=N
     def wide(column):
         return stats[column].unstack(cols).reindex(index=row_order, columns=col_order)
 
-    n = wide("count").fillna(0).astype(int)
-    table = Table(name, wide("mean"), wide("std"), n, **extra)
-    used = used[used["acc_mean"].notna()]
-    table.runs = pd.DataFrame({"row": used[rows], "column": used[cols], "value": used["acc_mean"],
-                               "seed": used["seed"] if "seed" in used else np.arange(len(used)),
-                               "run": used["config_hash"] if "config_hash" in used else None})
-    if mode == "mark" and late.any():
-        table.marked = late.groupby([trials[rows], trials[cols]]).any().unstack(cols, fill_value=False) \
-            .reindex(index=row_order, columns=col_order, fill_value=False).astype(bool)
-    table.footnote = unfinished_note(reached, dropped=mode == "drop")
-    return table
+    return wide("mean"), wide("std"), wide("count").fillna(0).astype(int)
 
 
-def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", mark: str = "") -> str | None:
+def cell_counts(trials: pd.DataFrame, rows: str, cols: str, row_order, col_order) -> pd.DataFrame:
+    """How many of the trials fall in each (rows, cols) cell, laid out as row_order x col_order."""
+    counts = pd.DataFrame(0, index=pd.Index(row_order, name=rows), columns=pd.Index(col_order, name=cols))
+    for (row, col), size in trials.groupby([rows, cols]).size().items():
+        if row in counts.index and col in counts.columns:
+            counts.loc[row, col] = int(size)
+    return counts
+
+
+def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", mark: str = "",
+                diverged: int = 0) -> str | None:
+    """"mean ± std" in % over the n seeds that did not diverge (one seed: the mean alone), then
+    `mark`, then "(k of N seeds diverged)" where k = `diverged` > 0 (N: every seed run), else
+    "(n=k)" where n differs from `usual_n`; only "k of k seeds diverged" where every seed did; None
+    where there is no result."""
     if n == 0 or pd.isna(mean):
-        return None
+        return seeds_diverged(diverged, diverged) + mark if diverged else None
     text = f"{100 * mean:.1f}"
     if n > 1 and not pd.isna(std):
         text += f" {pm} {100 * std:.1f}"
     text += mark
-    if n != usual_n:
+    if diverged:
+        text += f" ({seeds_diverged(diverged, n + diverged)})"
+    elif n != usual_n:
         text += f" (n={n})"
     return text
+
+
+def seeds_diverged(diverged: int, seeds: int) -> str:
+    """A cell's count of diverged runs, as the cells print it ("1 of 5 seeds diverged")."""
+    return f"{diverged} of {seeds} seed{'s' if seeds != 1 else ''} diverged"
+
+
+REPORTED_TEXT = {"last": "at the final round (report_round = last)",
+                 "best_val": "at each run's round with the best mean validation accuracy (report_round = best_val)"}
+
+
+def reported_round_text(trials: pd.DataFrame) -> str:
+    """The round the trials' accuracies are at, for a caption (`analysis.load.report_rules`): ""
+    where every trial reports its last round (the captions' own "final" wording), else
+    `REPORTED_TEXT`'s phrase of each rule present, joined by "or" where the trials mix them."""
+    rules = set(report_rules(trials))
+    if rules <= {"last"}:
+        return ""
+    order = sorted(rules, key=lambda r: REPORT_ROUNDS.index(r) if r in REPORT_ROUNDS else len(REPORT_ROUNDS))
+    return " or ".join(REPORTED_TEXT.get(rule, f"at the round of report_round = {rule}") for rule in order)
+
+
+def accuracy_words(reported: str, what: str = "personalized accuracy (%)") -> str:
+    """The start of a caption's legend: "Final personalized accuracy (%)" for runs at their last
+    round (`reported` ""), else e.g. "Personalized accuracy (%) at each run's round with the best
+    mean validation accuracy (report_round = best_val)"."""
+    return f"Final {what}" if not reported else f"{what[0].upper()}{what[1:]} {reported}"
 
 
 def to_latex(table: Table) -> str:

@@ -26,6 +26,17 @@ counts once and gets one adjusted p, so a mark and bold never disagree about it:
 - bold: the best cell of its group (or of the table) and every cell not significantly worse than
   it; a cell without a test against the best (fewer than 5 common seeds) is bold only where it
   prints the best value.
+
+Divergence is a result, not a number: a run marked `diverged` (fl_core.results.divergence: its
+training loss was lost, or its accuracy fell to chance after learning) is left out of its cell's
+mean, std, n and interval and out of every comparison (two cells pair over their common seeds where
+neither run diverged); the cell counts it (`diverged`), is never bold (nor the best others are
+tested against), and the caption says so once (`DIVERGED_NOTE`).
+
+Which round. A run's accuracy is the one its trial row reports (`acc_mean`: the last evaluated
+round, or with `report_round` "best_val" the round with the best mean validation accuracy,
+`reported_round`); the per-client values behind a bootstrap are taken at that same round
+(`final_accuracies` with `analysis.load.reported_rounds`).
 `Verdict.summary` gives the rows of `<tables>/summary.parquet` (`write_summary`), each with the
 difference against its reference and its interval.
 """
@@ -33,7 +44,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -43,7 +54,7 @@ from scipy import stats as scipy_stats
 
 from fl_core.results import across_seeds, write_parquet
 
-from .load import load_rounds
+from .load import diverged, load_rounds
 from .paired import MIN_SEEDS, client_differences, difference, hierarchical_bootstrap
 
 ALPHA = 0.05
@@ -54,7 +65,10 @@ MARKS = (("▲", "▼"), ("△", "▽"))  # (better, worse) against the first an
 LATEX_MARKS = {"▲": r"$^{\blacktriangle}$", "▼": r"$^{\blacktriangledown}$", "△": r"$^{\vartriangle}$",
                "▽": r"$^{\triangledown}$"}  # amssymb
 SUMMARY = "summary.parquet"
-SUMMARY_COLUMNS = ("table", "row", "column", "mean", "std", "n", "ci_low", "ci_high", "reference", "diff",
+DIVERGED_NOTE = ("k of n seeds diverged: runs whose training loss was lost or whose accuracy fell to chance after "
+                 "learning (diverged in trials.parquet), left out of the mean and the tests; a cell with such a run "
+                 "is never bold, and bold is decided among the other cells.")
+SUMMARY_COLUMNS = ("table", "row", "column", "mean", "std", "n", "diverged", "ci_low", "ci_high", "reference", "diff",
                    "diff_low", "diff_high", "interval", "p_value", "p_adjusted", "test", "seeds", "marked", "bold")
 
 
@@ -73,23 +87,36 @@ def mean_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def final_accuracies(rounds: pd.DataFrame, column: str = "acc", pool: str = "seen") -> pd.DataFrame:
-    """Each run's per-client `column` at its last round where a client of `pool` has it ("seen":
-    rows whose pool is not "unseen"; "unseen"): columns `run` (the config hash), `client`, `value`."""
+def reported_rows(scored: pd.DataFrame, reported: Mapping[str, int] | None = None) -> pd.DataFrame:
+    """The round rows of `scored` (one pool's rows that have the accuracy wanted) at the round each
+    run reports: `reported[config_hash]` where given (a "best_val" trial's `reported_round`:
+    `analysis.load.reported_rounds`), else the run's last round among them."""
+    last = scored.groupby("config_hash")["round"].transform("max")
+    wanted = scored["config_hash"].map(dict(reported or {})).astype(float).fillna(last)
+    return scored[scored["round"] == wanted]
+
+
+def final_accuracies(rounds: pd.DataFrame, column: str = "acc", pool: str = "seen",
+                     reported: Mapping[str, int] | None = None) -> pd.DataFrame:
+    """Each run's per-client `column` at its reported round where a client of `pool` has it
+    ("seen": rows whose pool is not "unseen"; "unseen"): `reported` maps a run to its round (see
+    `reported_rows`; the unseen clients, scored after the last round only, always at their last),
+    other runs at their last such round. Columns `run` (the config hash), `client`, `value`."""
     pools = rounds["pool"].fillna("seen") if "pool" in rounds else pd.Series("seen", index=rounds.index)
     scored = rounds[pools.eq("unseen").eq(pool == "unseen") & rounds[column].notna()]
-    final = scored[scored["round"] == scored.groupby("config_hash")["round"].transform("max")]
+    final = reported_rows(scored, reported if pool != "unseen" else None)
     return pd.DataFrame({"run": final["config_hash"].to_numpy(), "client": final["client"].to_numpy(),
                          "value": final[column].astype(float).to_numpy()})
 
 
-def load_final_accuracies(paths, runs: Iterable) -> pd.DataFrame | None:
-    """`final_accuracies` of the seen clients of the runs (config hashes) at `paths`; None for none."""
+def load_final_accuracies(paths, runs: Iterable, reported: Mapping[str, int] | None = None) -> pd.DataFrame | None:
+    """`final_accuracies` of the seen clients of the runs (config hashes) at `paths`, each at its
+    `reported` round where given (`analysis.load.reported_rounds` of their trials); None for none."""
     hashes = {h for h in runs if isinstance(h, str)}
     if not hashes:
         return None
     rounds = load_rounds(paths, columns=["acc", "pool"], trials=hashes, labels=False)
-    return final_accuracies(rounds) if not rounds.empty and "acc" in rounds else None
+    return final_accuracies(rounds, reported=reported) if not rounds.empty and "acc" in rounds else None
 
 
 @dataclass(frozen=True)
@@ -152,6 +179,21 @@ def cell_samples(runs: pd.DataFrame, finals: pd.DataFrame | None = None) -> dict
             for key, part in seeds.groupby(level=[0, 1], sort=False)}
 
 
+CELL_COLUMNS = ("row", "column", "mean", "std", "n", "ci_low", "ci_high", "diverged")
+
+
+def cell_stats(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per cell (row, column) of `compare`'s runs, in the order they name them: mean, std and n over
+    its runs that did not diverge (`across_seeds`), their 95 % interval (`mean_ci`), and
+    `diverged`, how many of its runs diverged (their `diverged` True: left out of the rest)."""
+    rows = []
+    for (row, column), part in runs.groupby(["row", "column"], sort=False):
+        values = part.loc[~part["diverged"], "value"].to_numpy(dtype=float)
+        rows.append({"row": row, "column": column, **dict(zip(("mean", "std", "n"), across_seeds(values))),
+                     **dict(zip(("ci_low", "ci_high"), mean_ci(values))), "diverged": int(part["diverged"].sum())})
+    return pd.DataFrame(rows, columns=list(CELL_COLUMNS))
+
+
 def _span(values) -> str:
     low, high = int(min(values)), int(max(values))
     return f"{low}" if low == high else f"{low}–{high}"
@@ -159,7 +201,7 @@ def _span(values) -> str:
 
 @dataclass
 class Verdict:
-    """What `compare` found: `cells` (row, column, mean, std, n, ci_low, ci_high, marks, bold) and
+    """What `compare` found: `cells` (row, column, mean, std, n, ci_low, ci_high, diverged, marks, bold) and
     `comparisons` (row, column, kind "reference" or "best", against, the `Comparison` fields with
     p as p_value, p_adjusted, direction +1/-1 where significant, else 0)."""
     cells: pd.DataFrame
@@ -206,6 +248,8 @@ class Verdict:
             parts.append(f"{which} share fewer than {MIN_SEEDS} seeds ({_span(untested['seeds'])} in common): no "
                          f"test and no mark, as a test over so few seeds has too little power and the clients of "
                          f"one run are not independent samples.")
+        if (self.cells["diverged"] > 0).any():
+            parts.append(DIVERGED_NOTE)
         return " ".join(parts)
 
     def _correction(self) -> str:
@@ -241,7 +285,8 @@ class Verdict:
         for cell in self.cells.itertuples(index=False):
             for ref in self.references or (None,):
                 rows.append({"table": table, "row": _text(cell.row), "column": _text(cell.column), "mean": cell.mean,
-                             "std": cell.std, "n": int(cell.n), "ci_low": cell.ci_low, "ci_high": cell.ci_high,
+                             "std": cell.std, "n": int(cell.n), "diverged": int(cell.diverged),
+                             "ci_low": cell.ci_low, "ci_high": cell.ci_high,
                              "reference": ref, "bold": bool(cell.bold),
                              **_against(found.get((cell.row, cell.column, ref)))})
         return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
@@ -288,17 +333,17 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
             within: str = "column", best: str = "group", ranked: Collection | None = None) -> Verdict:
     """Marks and bold of one table (see the module docstring). `runs`: one row per run in a cell,
     columns `row`, `column`, `seed`, `value` (its final accuracy) and optionally `run`, the key of
-    its per-client values in `finals` (columns run, client, value). `within` "column": the groups
-    are the columns and a reference names a row; "row": the other way. `best` "group" or "table":
-    where the best cell is taken. `ranked`: the groups in which bold is decided (None: all)."""
+    its per-client values in `finals` (columns run, client, value), and `diverged` (True: the run
+    is left out of its cell's numbers and tests, and counted in the cell's `diverged`). `within`
+    "column": the groups are the columns and a reference names a row; "row": the other way.
+    `best` "group" or "table": where the best cell is taken. `ranked`: the groups in which bold is
+    decided (None: all)."""
     if len(references) > len(MARKS):
         raise ValueError(f"at most {len(MARKS)} references per table, got {list(references)}")
-    runs = runs[runs["value"].notna()]
-    samples = cell_samples(runs, finals)
-    values = runs.groupby(["row", "column"], sort=False)["value"].agg(list)
-    cells = pd.DataFrame([{"row": r, "column": c, **dict(zip(("mean", "std", "n"), across_seeds(v))),
-                           **dict(zip(("ci_low", "ci_high"), mean_ci(v)))} for (r, c), v in values.items()],
-                         columns=["row", "column", "mean", "std", "n", "ci_low", "ci_high"])
+    runs = runs.assign(diverged=diverged(runs))
+    runs = runs[runs["value"].notna() | runs["diverged"]]
+    cells = cell_stats(runs)
+    samples = cell_samples(runs[~runs["diverged"]], finals)
     group_of = (lambda key: key[1]) if within == "column" else (lambda key: key[0])
     comparisons = []
     for key in samples:
@@ -307,8 +352,9 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
             if other != key and other in samples:
                 comparisons.append(_pairing(samples, key, other, "reference", ref))
     means, scopes, best_of = dict(zip(zip(cells["row"], cells["column"]), cells["mean"])), {}, {}
+    clean = {key for key, k in zip(zip(cells["row"], cells["column"]), cells["diverged"]) if k == 0}
     for key in samples:
-        if ranked is None or group_of(key) in ranked:
+        if key in clean and (ranked is None or group_of(key) in ranked):  # a cell with diverged seeds: never bold
             scopes.setdefault(group_of(key) if best == "group" else "table", []).append(key)
     for keys in scopes.values():
         top = max(keys, key=lambda k: means[k])  # the first of equal means

@@ -27,6 +27,11 @@ Bold is the best of each column (in the grid: of the table) and every cell not s
 worse than it (untested: every cell that prints the best value); the caption names the test and
 the correction. `<out>/summary.parquet`: per cell, the 95 % CI, the paired difference against each
 reference with its interval, p-values, mark and bold.
+A run marked `diverged` in trials.parquet is left out of its cell's numbers and of every paired
+test, the cell saying "(k of n seeds diverged)" (only "n of n seeds diverged" where all did) and
+never bold; summary.parquet counts them (`diverged`). Where a study reports each run's round with
+the best mean validation accuracy (`report_round` = best_val), the caption says so in place of
+"Final", and the per-client accuracies behind the intervals are taken at that round.
 A missing cell is "--". The std is over seeds (ddof=1; one seed shows just the mean). When every
 cell has the same number of seeds the caption says how many; otherwise cells that differ from the
 usual count are marked "(n=k)" and the caption explains the mark. Mean and std over seeds are
@@ -59,7 +64,7 @@ from fl_core.algorithms import ALGORITHMS, get_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
 from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
-from .load import DamagedFile, is_gradselect, load_trials
+from .load import DamagedFile, is_gradselect, load_trials, reported_rounds
 from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
 
@@ -305,7 +310,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     generic = trials[~personalizing(trials)] if fedl2p else trials  # their e would be pooled: fedl2p.tex
     skip = which in ROUND_TABLES or (written and final_rows(trials).empty) or (which == "auto" and generic.empty)
     tables = make_tables(generic, which, unfinished) if not skip else {}
-    finals = load_final_accuracies(paths, {h for t in tables.values() for h in t.runs["run"]})
+    finals = load_final_accuracies(paths, {h for t in tables.values() for h in t.runs["run"]}, reported_rounds(trials))
     summaries = []
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():

@@ -28,10 +28,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.load import load_clients, load_masks, load_rounds, unfinished
-from analysis.common import TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order, settings_order
+from analysis.load import load_clients, load_masks, load_rounds, reported_rounds, unfinished
+from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order,
+                             selection_phrase, settings_order)
 from analysis.figures import heatmap, method_colors, save_figure
-from analysis.render import MISSING, summarize, unfinished_note, write_grouped_table
+from analysis.render import MISSING, accuracy_words, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
 from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
@@ -222,7 +223,7 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     finished = finished.assign(busiest_node_mb=finished["config_hash"].map(final))
     methods, settings = methods_order(finished), settings_order(finished)
     acc = summarize(finished, "method", "setting", "traffic", methods, settings, mode="drop", references=REFERENCE)
-    acc.finals = load_final_accuracies(sweeps, finished["config_hash"])
+    acc.finals = load_final_accuracies(sweeps, finished["config_hash"], reported_rounds(finished))
     acc_cells, bold, verdict = acc.cells(pm="±", dagger=""), acc.best_mask(), acc.verdict()
     mb = finished.groupby(["method", "setting"])["busiest_node_mb"].agg(lambda v: across_seeds(v.to_numpy())[0])
     columns = pd.MultiIndex.from_product([settings, ["Acc. (%)", "Busiest node (MB)"]])
@@ -235,10 +236,10 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     seeds = acc.usual_n
     count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell" + ("" if acc.seeds_uniform() else " unless marked (n=k)")
     dropped = list(trials.loc[late].reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
-    caption = (f"Accuracy and traffic of the busiest node. Final personalized accuracy (%), mean ± std over seeds "
+    caption = (f"Accuracy and traffic of the busiest node. {accuracy_words(acc.reported)}, mean ± std over seeds "
                f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the "
-               f"run, mean over seeds; busiest node: {BUSIEST}. Each method at its configuration with the best "
-               f"final accuracy per data setting; finished trials only; {MISSING} = no result. "
+               f"run, mean over seeds; busiest node: {BUSIEST}. Each method at {selection_phrase(finished)} per data "
+               f"setting; finished trials only; {MISSING} = no result. "
                + unfinished_note(dropped, dropped=True)).strip()
     return cells, marks, caption, verdict.summary("traffic")
 

@@ -362,8 +362,10 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         else:
             how = ("declared configuration (run on the most seeds; ties: the first of its grid), as the tables "
                    "show it: no validation split to select on, and test accuracy never selects")
-        print(f"[sweep] per data setting, each method's {how}; final mean personalized test accuracy over clients, "
-              f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds); completed trials only:")
+        when = "at each run's best-validation round" if plan.spec.report_round == "best_val" else "final"
+        print(f"[sweep] per data setting, each method's {how}; {when} mean personalized test accuracy over clients, "
+              f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds; diverged runs left out); "
+              f"completed trials only:")
         print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
@@ -396,31 +398,38 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str | None = None
     validation accuracy over seeds with `by` = "acc_val_mean"; without a validation split (`by`
     None) the declared one, run on the most seeds, ties to the smallest knob values (the grid's
     first point), as the tables choose (analysis.common.chosen_trials). A configuration is never
-    chosen by test accuracy, and the anchors stand beside the tuned method. `95% CI`: the t
-    interval of the mean over seeds (analysis.stats.mean_ci)."""
+    chosen by test accuracy, and the anchors stand beside the tuned method. Runs that diverged
+    (analysis.load.diverged) are left out of the accuracy, its interval and `seeds`, and counted
+    in `diverged`. `95% CI`: the t interval of the mean over seeds (analysis.stats.mean_ci)."""
+    from analysis.load import diverged  # the tables' rule: a diverged run is a result, not a number
     from analysis.stats import mean_ci  # the one definition of the interval, beside the tables'
 
     cell = ["setting"] + (["local_epochs"] if "local_epochs" in done and done["local_epochs"].nunique() > 1 else [])
     keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
-    grouped = done.groupby(keys, dropna=False, sort=False)
+    lost = diverged(done)
+    grouped = done.assign(acc_mean=done["acc_mean"].where(~lost), lost=lost, ran=done["acc_mean"]) \
+        .groupby(keys, dropna=False, sort=False)
     stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
     stats["mb"] = grouped["mb_total"].mean().to_numpy()
+    stats["lost"] = grouped["lost"].sum().to_numpy()
+    stats["runs"] = grouped["ran"].count().to_numpy()  # seeds with a result, diverged or not: as the tables choose
     stats["ci"] = [mean_ci(values) for _, values in grouped["acc_mean"]]  # the groups in the order of agg
     if by is None:
         swept = keys[len(cell) + 1:]
         order = stats.sort_values(swept, na_position="first", kind="stable") if swept else stats
-        order = order.sort_values("count", ascending=False, kind="stable")
+        order = order.sort_values("runs", ascending=False, kind="stable")
     else:
         stats["rank_by"] = grouped[by].mean().to_numpy()
         order = stats.sort_values("rank_by", ascending=False, kind="stable")
     stats = order.groupby([*cell, "method"], sort=False).head(1)
     stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
-    stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" for m, sd, n in
+    stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" if n else "-" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]
     stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-" for (low, high), n in zip(stats["ci"], stats["count"])]
     stats["seeds"] = stats["count"].astype(int)
+    stats["diverged"] = stats["lost"].astype(int)
     stats["mb_total"] = stats["mb"].round(2)
-    shown = stats[[*keys, "acc", "95% CI", "seeds", "mb_total"]]
+    shown = stats[[*keys, "acc", "95% CI", "seeds", "diverged", "mb_total"]]
     return shown.astype(object).where(shown.notna(), "-")
 
 

@@ -195,6 +195,38 @@ def test_marks_against_ft_bn_c_with_five_seeds(tmp_path):
     assert marked["marked"] == "better" and marked["test"] == "paired t-test" and marked["p_adjusted"] < 0.05
 
 
+def test_a_diverged_run_is_counted_in_its_cells_and_left_out_of_the_rest(study):
+    """FedL2P's seed 1 diverged: its cells (seen and unseen, e = 1) hold seed 0 alone, say so and
+    are not bold, though still the best of their rows; Global Acc keeps seed 1 from its other runs."""
+    trials = load_trials(study)
+    trials["diverged"] = trials["config_hash"] == "fl1"
+    cells, bold, caption, summary = fedl2p_table(find_sweeps(study), trials)
+    seen, unseen = cells.loc[(SETTING, "seen", 1)], cells.loc[(SETTING, "unseen", 1)]
+    assert (seen["FedL2P"], unseen["FedL2P"]) == ("60.0 (1 of 2 seeds diverged)", "55.0 (1 of 2 seeds diverged)")
+    assert seen["Global Acc"] == "35.0 ± 7.1" and cells.loc[(SETTING, "seen", 5), "FedL2P"] == "62.0 ± 2.8"
+    assert not bold["FedL2P"].loc[[(SETTING, "seen", 1), (SETTING, "unseen", 1)]].any()
+    assert bold.loc[(SETTING, "seen", 1)].tolist() == [False, True, False, False, True, False]  # 55.0 twice
+    assert "k of n seeds diverged" in caption and "2 seeds per cell unless marked (n=k)" in caption
+    assert summary.groupby("column")["diverged"].sum().to_dict()["FedL2P"] == 2       # two of its cells
+
+
+def test_a_best_val_study_scores_the_seen_clients_at_the_reported_round(study):
+    trials = load_trials(study)
+    best = trials["algorithm"].isin(["ft", "l2p", "fedl2p"])
+    trials.loc[best, "report_round"], trials.loc[best, "reported_round"] = "best_val", 2
+    trials.loc[trials["config_hash"].isin(["fl0", "fl1"]), "reported_round"] = 1
+    cells, _, caption, _ = fedl2p_table(find_sweeps(study), trials)
+    assert cells.loc[(SETTING, "seen", 1), "FedL2P"] == "45.0 ± 7.1"                  # round 1: 0.2 below
+    assert cells.loc[(SETTING, "unseen", 1), "FedL2P"] == "60.0 ± 7.1"                # scored after the last round
+    assert cells.loc[(SETTING, "seen", 1), "FT (BN C)"] == "55.0 ± 7.1"
+    assert ("after fine-tuning the pretrained model for e epochs, at each run's round with the best mean validation "
+            "accuracy (report_round = best_val), mean over clients") in caption
+    scores = final_scores(load_rounds(study, trials=["fl0"]), {"fl0": 1}).set_index("pool")
+    assert scores.loc["seen", ["acc", "round"]].tolist() == pytest.approx([0.40, 1])
+    assert scores.loc["unseen", ["acc", "round"]].tolist() == pytest.approx([0.55, 2])
+    assert "at the final round, mean over clients" in _table(study)[2]
+
+
 def test_ablation_columns_only_when_present_and_ties_both_bold(study, tmp_path):
     cells, _, _ = _table(study)
     assert not any("BNNet" in c for c in cells.columns)

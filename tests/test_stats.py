@@ -353,6 +353,22 @@ def test_cost_table_marks_against_fedavg_ft_and_bolds_after_fine_tuning_only(tmp
     assert set(pd.read_parquet(tmp_path / "t" / stats.SUMMARY)["table"]) == {"cost"}
 
 
+def test_cost_table_leaves_a_diverged_seed_out_of_its_cell_and_its_tests(tmp_path):
+    """PerFedMask's seed 4 diverged: its cells count it, pair with FedAvg+FT over 4 seeds (no mark)
+    and are never bold, though still the best after fine-tuning."""
+    folder = write_cost_sweep(tmp_path / "cost")
+    trials = pd.read_parquet(folder / "trials.parquet")
+    trials["diverged"] = (trials["method"] == "PerFedMask") & (trials["seed"] == 4)
+    cells, bold, caption, summary = cost_table(folder, trials)
+    after = 100 * (BASE[:4] + 0.1 + NOISE[:4]).mean(axis=1)
+    assert cells.loc["PerFedMask", ("c = 1", "After FT")] == \
+        f"{after.mean():.1f} ± {after.std(ddof=1):.1f} (1 of 5 seeds diverged)"
+    assert not bold.loc["PerFedMask"].any() and bold.loc["FedAvg+FT", ("c = 1", "After FT")]
+    assert "k of n seeds diverged" in caption
+    found = summary.set_index(["row", "column"]).loc[("PerFedMask", "synthetic, 3 shards / c = 1 / After FT")]
+    assert (found["diverged"], found["n"], found["seeds"], found["marked"]) == (1, 4, 4, "")
+
+
 # ----------------------------------------------------------------------------- the end of a sweep
 
 def test_end_of_sweep_summary_has_the_95_ci_over_seeds():
@@ -365,6 +381,20 @@ def test_end_of_sweep_summary_has_the_95_ci_over_seeds():
     low, high = scipy.stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy.stats.sem(values))
     assert best.loc["FedAvg", "95% CI"] == f"[{low:.4f}, {high:.4f}]"
     assert best.loc["Local", "95% CI"] == "-"                                     # one seed: no interval
+
+
+@pytest.mark.parametrize("lost", [0.99, 0.05], ids=["high", "low"])
+def test_end_of_sweep_summary_leaves_diverged_runs_out_of_the_mean_and_counts_them(lost):
+    from sweeps.launch import best_per_setting
+
+    done = pd.DataFrame({"setting": ["easy"] * 6, "method": ["FedAvg"] * 4 + ["Local"] * 2, "seed": [0, 1, 2, 3, 0, 1],
+                         "acc_mean": [0.61, 0.64, 0.70, lost, 0.5, 0.3], "mb_total": 1.0,
+                         "diverged": [False, False, False, True, True, True]})
+    best = best_per_setting(done, []).set_index("method")
+    assert best.loc["FedAvg", "acc"] == f"{np.mean([0.61, 0.64, 0.70]):.4f} ± {np.std([0.61, 0.64, 0.70], ddof=1):.4f}"
+    assert (best.loc["FedAvg", "seeds"], best.loc["FedAvg", "diverged"]) == (3, 1)
+    assert (best.loc["Local", "acc"], best.loc["Local", "seeds"], best.loc["Local", "diverged"]) == ("-", 0, 2)
+    assert best_per_setting(done.drop(columns="diverged"), []).set_index("method").loc["FedAvg", "seeds"] == 4
 
 
 def test_the_tables_go_to_the_sweeps_mlflow_run(tmp_path):

@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 
 from analysis import tables
-from analysis.load import load_rounds, load_trials, unfinished
-from analysis.stats import load_final_accuracies
+from analysis.load import load_rounds, load_trials, reported_rounds, unfinished
+from analysis.stats import final_accuracies, load_final_accuracies
 from fl_core.results import round_rows
 from fl_core.simulation import Simulation
 from sweeps import parquet_sink
 
 from conftest import tiny
 from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
-from table_helpers import FINISHED_LATEX, body_rows, header, trial, write_sweep
+from table_helpers import FINISHED_LATEX, SWEEP_ACC, body_rows, header, trial, write_sweep
 
 slow = pytest.mark.slow
 
@@ -419,3 +419,126 @@ def test_a_sweep_without_fedselect_still_gets_its_methods_table(tmp_path):
     assert "pers_limit" not in others
     assert tables.supported(others) == ["methods"]
     assert list(tables.make_tables(others)) == ["methods"]
+
+
+# ----------------------------------------------------------------------------- diverged runs, the round reported
+
+def diverged_sweep(folder, acc_of_diverged: float, flag: bool = True):
+    """FIVE_SEEDS' sweep, FedSelect's seed 2 scoring `acc_of_diverged` on every client and, with
+    `flag`, marked diverged in trials.parquet (as fl_core.results.trial_row marks it)."""
+    acc = FIVE_SEEDS | {("fedselect", 2): [acc_of_diverged] * 3}
+    sweep = write_sweep(folder, acc=acc)
+    trials = pd.read_parquet(sweep / "trials.parquet")
+    lost = (trials["algorithm"] == "fedselect") & (trials["seed"] == 2) & flag
+    trials["diverged"], trials["diverged_why"] = lost, np.where(lost, "training loss inf at round 4", "")
+    trials.to_parquet(sweep / "trials.parquet", index=False)
+    return sweep
+
+
+@pytest.mark.parametrize("acc_of_diverged", [0.99, 0.05], ids=["high", "low"])
+def test_a_diverged_seed_is_counted_left_out_of_the_mean_and_the_tests_and_never_bold(tmp_path, acc_of_diverged):
+    """FedSelect is 40 points above FedAvg on each of 5 seeds: marked ▲ and bold. One of its seeds
+    diverged (scoring high or low, which must not matter): its cell is the mean of the other 4,
+    says "1 of 5 seeds diverged", pairs with FedAvg over 4 common seeds (no test, no mark) and,
+    though still the highest, is not bold."""
+    control = diverged_sweep(tmp_path / "control", acc_of_diverged, flag=False)  # not flagged: a number
+    tables.build_tables([control], "methods", out=tmp_path / "c")
+    counted_in = body_rows((tmp_path / "c" / "methods.tex").read_text())["FedSelect"][0]
+    assert "diverged" not in counted_in
+    if acc_of_diverged > 0.5:                                               # still 5 seeds above FedAvg
+        assert counted_in.startswith("\\bfseries ") and counted_in.endswith("$^{\\blacktriangle}$")
+
+    sweep = diverged_sweep(tmp_path / "s", acc_of_diverged)
+    tables.build_tables([sweep], "methods", out=tmp_path / "t", markdown=True)
+    latex, markdown = (tmp_path / "t" / "methods.tex").read_text(), (tmp_path / "t" / "methods.md").read_text()
+    others = [np.mean([v + 0.02 * s for v in (0.9, 0.8, 0.7)]) for s in (0, 1, 3, 4)]
+    cell = f"{100 * np.mean(others):.1f} $\\pm$ {100 * np.std(others, ddof=1):.1f} (1 of 5 seeds diverged)"
+    assert body_rows(latex)["FedSelect"] == [cell]                          # no mark, no bold
+    assert "| " + cell.replace("$\\pm$", "±") + " |" in markdown
+    assert body_rows(latex)["FedAvg"] == ["44.4 $\\pm$ 3.2"]                 # its 5 seeds: n as usual
+    assert "5 seeds per cell" in latex and "(n=4)" not in latex
+    for text in (latex, markdown):
+        assert "k of n seeds diverged: runs whose training loss was lost or whose accuracy fell to chance after " \
+               "learning" in text and "left out of the mean and the tests" in text
+    assert "t-test" not in latex                                           # no pair shares 5 clean seeds
+    summary = pd.read_parquet(tmp_path / "t" / "summary.parquet").set_index(["row", "reference"])
+    assert summary["diverged"].groupby("row").first().to_dict() == {"FedSelect": 1, "FedAvg": 0, "Local": 0}
+    against = summary.loc[("FedSelect", "FedAvg")]
+    assert against["seeds"] == 4 and against["test"] == "" and against["marked"] == "" and not against["bold"]
+    assert against["n"] == 4 and against["mean"] == pytest.approx(np.mean(others))
+
+
+def test_a_cell_whose_seeds_all_diverged_says_so_and_nothing_else():
+    rows = [trial("fedavg", s, 0.9) | {"diverged": True} for s in range(3)]
+    rows += [trial("fedselect", s, 0.5 + 0.01 * s) | {"diverged": False} for s in range(3)]
+    rows += [trial("local", s, 0.4) for s in range(3)]                       # an older sweep's rows: no flag
+    table = tables.methods_table(pd.DataFrame(rows).astype({"diverged": object}))
+    cells, bold = table.cells(), table.best_mask()
+    assert cells.loc["FedAvg", "synthetic, 3 shards"] == "3 of 3 seeds diverged"
+    assert table.n.loc["FedAvg", "synthetic, 3 shards"] == 0 and not bold.loc["FedAvg", "synthetic, 3 shards"]
+    assert cells.loc["FedSelect", "synthetic, 3 shards"] == "51.0 ± 1.0" and bold.loc["FedSelect", "synthetic, 3 shards"]
+    assert "k of n seeds diverged" in table.full_caption() and "3 seeds per cell)" in table.full_caption()
+    assert tables.format_cell(0.5, 0.01, 4, 5, diverged=1) == "50.0 ± 1.0 (1 of 5 seeds diverged)"
+    assert tables.format_cell(0.5, 0.01, 4, 5) == "50.0 ± 1.0 (n=4)"
+    assert "diverged" not in tables.methods_table(pd.DataFrame(rows[3:])).full_caption()
+
+
+def best_val_sweep(folder, rules=("best_val",), fedavg: int = 3):
+    """`write_sweep`'s finished sweep (5 rounds; round r scores 0.05 * (5 - r) below the last),
+    its trials reporting round 3 (FedAvg's: round `fedavg`) as a "best_val" study writes them
+    (`rules` cycled over the trials: a mixed sweep)."""
+    sweep = write_sweep(folder)
+    trials = pd.read_parquet(sweep / "trials.parquet")
+    trials["report_round"] = [rules[i % len(rules)] for i in range(len(trials))]
+    best = trials["report_round"] == "best_val"
+    trials.loc[best, "reported_round"] = np.where(trials.loc[best, "algorithm"] == "fedavg", fedavg, 3)
+    trials.loc[best, "acc_mean"] -= 0.05 * (5 - trials.loc[best, "reported_round"])
+    trials.to_parquet(sweep / "trials.parquet", index=False)
+    return sweep
+
+
+def test_a_best_val_sweep_names_its_round_and_takes_the_clients_at_it(tmp_path):
+    """FedSelect reports round 3, FedAvg its last (5): their per-client differences, which the
+    2-seed bootstrap interval resamples, are 0.3 at the reported rounds (0.4 at the last ones)."""
+    sweep = best_val_sweep(tmp_path / "best", fedavg=5)
+    tables.build_tables([sweep], "methods", out=tmp_path / "t")
+    latex = (tmp_path / "t" / "methods.tex").read_text()
+    assert ("Personalized accuracy (\\%) at each run's round with the best mean validation accuracy "
+            "(report\\_round = best\\_val), mean $\\pm$ std over seeds") in latex
+    assert "Final personalized" not in latex and "final round" not in latex
+    assert body_rows(latex)["FedSelect"] == ["\\bfseries 75.0 $\\pm$ 7.1"]  # round 3: 10 points below the last
+    summary = pd.read_parquet(tmp_path / "t" / "summary.parquet").set_index(["row", "reference"])
+    against = summary.loc[("FedSelect", "FedAvg")]
+    assert against["interval"] == "hierarchical bootstrap over 2 seeds"
+    assert (against["diff"], against["diff_low"], against["diff_high"]) == pytest.approx((0.3, 0.3, 0.3))
+
+    trials = load_trials(sweep)
+    runs = trials.set_index("config_hash")
+    at = load_final_accuracies([sweep], runs.index, reported_rounds(trials)).set_index(["run", "client"])["value"]
+    last = load_final_accuracies([sweep], runs.index).set_index(["run", "client"])["value"]
+    for n, ((algorithm, seed), final) in enumerate(SWEEP_ACC.items()):
+        for k, value in enumerate(final):
+            assert at[(f"{n:012x}", k)] == pytest.approx(value - (0 if algorithm == "fedavg" else 0.1))  # round 3
+            assert last[(f"{n:012x}", k)] == pytest.approx(value)           # an older sweep's rule: the last
+
+
+def test_a_sweep_mixing_rules_says_both_and_last_alone_keeps_the_final_wording(tmp_path):
+    mixed = load_trials(best_val_sweep(tmp_path / "mixed", rules=("last", "best_val")))
+    caption = tables.make_tables(mixed, "methods")["methods"].full_caption()
+    assert ("Personalized accuracy (%) at the final round (report_round = last) or at each run's round with the "
+            "best mean validation accuracy (report_round = best_val)") in caption
+    assert reported_rounds(mixed) == {h: 3 for h in mixed.loc[mixed["report_round"] == "best_val", "config_hash"]}
+    last = load_trials(best_val_sweep(tmp_path / "last", rules=("last",)))
+    assert tables.make_tables(last, "methods")["methods"].full_caption().startswith(
+        "Methods by data setting. Final personalized accuracy (%)")
+    assert reported_rounds(last) == {}
+
+
+def test_final_accuracies_take_the_reported_round_of_the_seen_clients_only():
+    rows = pd.DataFrame({"config_hash": ["a"] * 4 + ["b"] * 2, "round": [1, 2, 3, 3, 1, 2], "client": [0, 0, 0, 1, 0, 0],
+                         "pool": ["seen", "seen", "seen", "unseen", "seen", "seen"],
+                         "acc": [0.5, 0.9, 0.6, 0.3, 0.4, 0.45]})
+    seen = final_accuracies(rows, reported={"a": 2}).set_index("run")["value"]
+    assert seen.to_dict() == {"a": 0.9, "b": 0.45}                           # b: not in the map, its last round
+    unseen = final_accuracies(rows, pool="unseen", reported={"a": 2})
+    assert unseen["value"].tolist() == [0.3]                                  # scored after the last round only

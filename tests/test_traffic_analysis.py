@@ -153,3 +153,20 @@ def test_traffic_table(sweep, tmp_path, capsys):
     assert {"methods", "traffic"} <= set(auto)
     write_v1_sweep(tmp_path / "old")
     assert set(tables.build_tables([tmp_path / "old"], out=tmp_path / "v1")) == {"methods", "convergence"}  # v1 sweeps: the convergence check too
+
+
+def test_traffic_table_counts_a_diverged_run_and_names_the_reported_round(sweep, tmp_path):
+    trials = pd.read_parquet(sweep / "trials.parquet")
+    trials["diverged"] = trials["config_hash"] == "dispfl1"
+    trials["report_round"], trials["reported_round"] = "best_val", 3
+    trials.to_parquet(sweep / "trials.parquet", index=False)
+    tables.build_tables([sweep], "traffic", out=tmp_path / "t")
+    latex = (tmp_path / "t" / "traffic.tex").read_text()
+    rows = body_rows(latex)
+    assert rows["DisPFL"] == ["70.0 (1 of 2 seeds diverged)", "6.0"]       # not bold: seed 0 alone
+    assert rows["FedAvg"] == [r"\bfseries 55.0 $\pm$ 7.1", "27.0"]
+    assert "k of n seeds diverged" in latex and "Final personalized" not in latex
+    assert ("Personalized accuracy (\\%) at each run's round with the best mean validation accuracy "
+            "(report\\_round = best\\_val), mean $\\pm$ std over seeds") in latex
+    summary = pd.read_parquet(tmp_path / "t" / "summary.parquet").set_index("row")
+    assert summary.loc["DisPFL", "diverged"] == 1 and summary.loc["DisPFL", "n"] == 1
