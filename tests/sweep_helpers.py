@@ -27,20 +27,21 @@ def sweep_args(tmp_path: Path, name: str, *extra: str, rounds: int = 2) -> list[
 STAGED = ["--partition", "shards", "iid", "--val-fraction", "0.2", "--seeds", "0", "1", "--anchors", "fedavg"]
 
 
-def check_staged(folder, rounds: int, samples: int, anchors: int = 2 * 2) -> pd.DataFrame:
+def check_staged(folder, rounds: int, samples: int, anchors: int = 2 * 2, search_seed: int = 1000,
+                 seeds: tuple[int, int] = (0, 1)) -> pd.DataFrame:
     """What every staged sweep (search or scheduler) must give: per data setting, a select stage on
-    the search seed 1000 (completed or stopped early), the best COMPLETED select trial by
-    validation accuracy confirmed on seeds 0 and 1, anchors on both seeds to the final round."""
+    the search seed (completed or stopped early), the best COMPLETED select trial by validation
+    accuracy confirmed on both `seeds`, anchors on both seeds to the final round."""
     trials = pd.read_parquet(folder / "trials.parquet")
     assert (trials.objective == "acc_val_mean").all()
     count = anchors
     anchors, select, confirm = (trials[trials.stage == kind] for kind in ("anchor", "select", "confirm"))
     assert len(anchors) == count and (anchors.status == "COMPLETED").all() and (anchors.rounds_done == rounds).all()
-    assert len(select) == 2 * samples and (select.seed == 1000).all() and set(select.status) <= {"COMPLETED", "STOPPED"}
-    assert (trials.search_seed == 1000).all()
+    assert len(select) == 2 * samples and (select.seed == search_seed).all()
+    assert set(select.status) <= {"COMPLETED", "STOPPED"} and (trials.search_seed == search_seed).all()
     assert (select.loc[select.status == "STOPPED", "rounds_done"] < rounds).all()
     assert (select.loc[select.status == "COMPLETED", "rounds_done"] == rounds).all()   # never Tune's `done` alone
-    assert len(confirm) == 2 * 2 and set(confirm.seed) == {0, 1} and (confirm.status == "COMPLETED").all()
+    assert len(confirm) == 2 * 2 and set(confirm.seed) == set(seeds) and (confirm.status == "COMPLETED").all()
     for setting, rows in select.groupby("setting"):
         assert rows.partition.nunique() == 1                       # the data are never searched
         done = rows[rows.status == "COMPLETED"]
