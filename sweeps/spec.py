@@ -421,7 +421,8 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
     """The spec with command-line values: a knob given on the command line replaces its value in
     [knobs] and in every method entry that sets it (a method knob goes to [knobs] when no entry
     sets it); `algorithms` / `anchors` replace the searched / anchor method entries (entries of
-    the spec for the same algorithm keep their knobs)."""
+    the spec for the same algorithm keep their knobs). `tune` on a spec without it tunes every
+    method, the file's anchors included, unless `anchors` names the ones to run as declared."""
     methods = list(spec.methods)
     if algorithms is not None:
         methods = _replace_methods(methods, algorithms, anchor=False)
@@ -441,6 +442,8 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
         if not setting or name in top or name in COMMON_KNOBS:
             top[name] = value
     tuning = _tune(tune, "--tune") if tune is not None else spec.tune
+    if tuning and not spec.tune and anchors is None:  # --tune on a file without it: its anchors are tuned too
+        methods = [replace(m, anchor=False) for m in methods]
     out = replace(spec, knobs=top, methods=tuple(methods), seeds=tuple(seeds) if seeds is not None else spec.seeds,
                   search=search or ("optuna" if tuning and not spec.tune else spec.search),
                   scheduler=scheduler or spec.scheduler,

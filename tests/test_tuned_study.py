@@ -106,3 +106,13 @@ def test_tuned_study_end_to_end_on_digits(ray_cluster, tmp_path, capsys):
     methods = (tmp_path / "t" / "tables" / "methods.md").read_text()
     assert ("Tuned alike on validation accuracy, 2 configurations per data setting on search seed 100 (never "
             "reported): FedSelect, FedAvg, Local. Run as declared (not tuned): Ditto.") in methods
+
+
+def test_tune_on_the_command_line_tunes_the_files_anchors_too_unless_anchors_are_named():
+    from sweeps.spec import load_spec, with_overrides
+
+    spec = load_spec("studies/fedselect_optuna.toml")           # FedAvg and Local are its anchors
+    tuned = with_overrides(spec, {}, tune=["all"], seeds=SEEDS)
+    assert not any(m.anchor for m in tuned.methods) and tuned.search == "optuna"
+    kept = with_overrides(spec, {}, tune=["all"], seeds=SEEDS, anchors=["local"])
+    assert [(m.algorithm, m.anchor) for m in kept.methods] == [("fedselect", False), ("local", True)]
