@@ -325,9 +325,15 @@ def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chanc
     if len(bad):
         return f"training loss {bad.iloc[0]} at round {int(rows.loc[bad.index[0], 'round'])}"
     accuracy = [h["acc_mean"] for h in history if not math.isnan(h["acc_mean"])]
-    if chance and accuracy and max(accuracy) >= LEARNED * chance and accuracy[-1] <= COLLAPSED * chance:
+    if chance and accuracy and fell_to_chance(max(accuracy), accuracy[-1], chance):
         return f"fell to chance: mean accuracy {accuracy[-1]:.3f} after {max(accuracy):.3f} (chance {chance:.3f})"
     return ""
+
+
+def fell_to_chance(peak: float, accuracy: float, chance: float) -> bool:
+    """Whether a run whose best mean accuracy so far is `peak` has collapsed at `accuracy`: it had
+    learned (peak >= LEARNED x chance) and is back at chance (accuracy <= COLLAPSED x chance)."""
+    return peak >= LEARNED * chance and not math.isnan(accuracy) and accuracy <= COLLAPSED * chance
 
 
 def trial_row(config, rounds: pd.DataFrame, report_round: str = "last", chance: float | None = None,

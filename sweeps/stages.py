@@ -56,6 +56,11 @@ class Stage:
         return bool(self.domains)
 
 
+def group_name(config: RunConfig) -> str:
+    """The (data setting, method) group a select stage searches, e.g. `digits, Dir(0.1) / FedSelect`."""
+    return f"{setting_label(config.to_dict())} / {config.label()}"
+
+
 def objective_of(config: RunConfig) -> str:
     """The metric selection uses for this trial: validation accuracy when it has a split."""
     return "acc_val_mean" if config.val_fraction > 0 else "acc_mean"
@@ -167,7 +172,7 @@ def selection_stages(spec: StudySpec) -> list[Stage]:
             if method.anchor:
                 continue
             trials = [RunConfig.from_dict(t) for t in method_trials(spec, method, setting, first)]
-            group = f"{setting_label(trials[0].to_dict())} / {trials[0].label()}"
+            group = group_name(trials[0])
             no_val = [c for c in trials if c.val_fraction <= 0]
             if no_val:
                 raise SweepError(f"{group}: a search or scheduler selects by validation accuracy, and these trials "

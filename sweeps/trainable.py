@@ -54,7 +54,7 @@ from ray import tune
 from fl_core import kernels
 from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
-from fl_core.results import COLLAPSED, LEARNED, client_rows, mask_rows, round_rows, summarize_round
+from fl_core.results import client_rows, fell_to_chance, mask_rows, round_rows, summarize_round
 from fl_core.simulation import Simulation
 
 from . import damage, parquet_sink
@@ -85,13 +85,6 @@ def _lost(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
     that is infinite, or NaN after a finite one. Once lost, always lost."""
     loss = summary["loss_mean"]
     return bool(progress.get("lost")) or math.isinf(loss) or (math.isnan(loss) and bool(progress.get("trained")))
-
-
-def _fell(progress: dict[str, Any], summary: dict[str, Any], chance: float) -> bool:
-    """Whether this round's mean accuracy is at or below COLLAPSED x chance after one at LEARNED x
-    chance or more (fl_core.results.divergence's rule at this round)."""
-    accuracy = summary["acc_mean"]
-    return progress.get("peak", 0.0) >= LEARNED * chance and not math.isnan(accuracy) and accuracy <= COLLAPSED * chance
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -159,7 +152,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         selection = _selection(progress, summary[selected_on], report_round)
         done = result.round == run.rounds
         lost = _lost(progress, summary)
-        diverged = lost or _fell(progress, summary, provenance["chance"])
+        diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
         report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
                   "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,

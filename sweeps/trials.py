@@ -27,12 +27,12 @@ from typing import Any
 import pandas as pd
 from ray import tune
 
-from fl_core.results import setting_label, trial_row, write_parquet
+from fl_core.results import trial_row, write_parquet
 
 from . import parquet_sink
 from .parquet_sink import read_trial
 from .plan import SweepPlan, reached_last_round, run_config
-from .stages import objective_of
+from .stages import group_name, objective_of
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
               "data_from_driver", "node_id", "kernels", "cpu_isa")
@@ -130,12 +130,9 @@ def _row(plan: SweepPlan, run, rounds: pd.DataFrame, status: str, metrics: dict,
 def search_budget(plan: SweepPlan, run) -> int | None:
     """How many configurations selection tried for this trial's (data setting, method): Optuna's
     `num_samples`, or the size of the method's grid under a scheduler; None when none matches."""
-    key = (setting_label(run.to_dict()), run.label())
     for stage in plan.stages:
-        if stage.kind == "select" and stage.configs:
-            config = stage.configs[0][1]
-            if (setting_label(config.to_dict()), config.label()) == key:
-                return plan.spec.num_samples if stage.searched else len(stage.configs)
+        if stage.kind == "select" and stage.group == group_name(run):
+            return plan.spec.num_samples if stage.searched else len(stage.configs)
     return None
 
 

@@ -66,6 +66,8 @@ def test_selection_reads_the_objective_never_test_accuracy():
     a, b = RunConfig(val_fraction=0.2, rounds=2), RunConfig(val_fraction=0.2, rounds=2, lr=0.05)
     better_on_test = {"round": 2, "objective": 0.5, "acc_mean": 0.99}
     assert best_completed([(a, better_on_test), (b, {"round": 2, "objective": 0.6, "acc_mean": 0.1})]) == b
+    diverged = {"round": 2, "objective": 0.9, "diverged": True}  # a search never selects a diverged run
+    assert best_completed([(a, diverged), (b, {"round": 2, "objective": 0.6})]) == b
 
 
 def test_a_plain_search_study_also_keeps_its_search_seed_apart():
