@@ -44,6 +44,10 @@ WEIGHTINGS = ("uniform", "samples")
 EVAL_MODELS = ("all", "acc")
 LR_SCHEDULES = ("constant", "exp", "multistep")
 MOMENTUM_SCOPES = ("epoch", "round")
+BN_STATS = ("global", "local")
+# Models whose state holds running statistics (BatchNorm's running mean and variance), the entries
+# `bn_stats` is about; `tests/test_models.py` checks this against the built models.
+RUNNING_STATS_MODELS = ("resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 DEVICES = ("cpu", "cuda", "auto")
 
 __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]
@@ -130,6 +134,13 @@ class RunConfig:
                                "code); FedSelect's alternating passes always restart it", choices=MOMENTUM_SCOPES,
                                added=True)
     weight_decay: float = knob(0.0, "local SGD weight decay", low=0)
+    bn_stats: str | None = knob(None, "BatchNorm running statistics (models with BatchNorm): global = the server "
+                                "averages them with the weights and broadcasts them, so that every client "
+                                "evaluates one and the same global model (FedAvg as its paper and FedSelect's "
+                                "evaluate it); local = each client keeps its own (FedBN, the personalized "
+                                "methods); none = the method's default: global for fedavg, fedavg_ft, fedbabu, "
+                                "fedprox, fednova, scaffold and moon, local for every other", choices=BN_STATS,
+                                added=True)
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
     # ---- where and how fast (not in the hash)
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
@@ -180,6 +191,7 @@ class RunConfig:
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
+        self._check_bn_stats()
         if self.pretrained:
             if self.init_weights is not None:
                 raise ConfigError("give either pretrained (a pretraining run's config hash) or init_weights (a state "
@@ -187,6 +199,17 @@ class RunConfig:
             if not (len(self.pretrained) == 12 and all(c in "0123456789abcdef" for c in self.pretrained)):
                 raise ConfigError(f"pretrained={self.pretrained!r} is not a config hash (12 hex digits, as "
                                   f"RunConfig.config_hash() and the results' config_hash column give)")
+
+    def _check_bn_stats(self) -> None:
+        from .algorithms import get_algorithm
+        cls = get_algorithm(self.algorithm)
+        if self.bn_stats is None or self.bn_stats == cls.default_bn_stats:
+            return
+        why = ("by definition" if cls.bn_stats_fixed else
+               "it has no server to average them" if not cls.has_server() else "")
+        if why:
+            raise ConfigError(f"bn_stats={self.bn_stats!r} is not allowed for {self.algorithm}: it keeps BatchNorm "
+                              f"statistics {cls.default_bn_stats} ({why}); leave bn_stats out")
 
     def _canonical_corruptions(self) -> None:
         """One spelling per set of domains (one hash): names without spaces, and the source's
@@ -244,10 +267,19 @@ class RunConfig:
         """Short stable hash of everything that determines the results: the common knobs, the
         chosen method's knobs (never another method's) and `RESULTS_REVISION`. A knob of
         added later (`ADDED_KNOBS`) enters only when it is not at its default, so adding it left
-        every earlier hash as it was."""
+        every earlier hash as it was. `bn_stats` enters only where it averages running statistics
+        (a model with BatchNorm, under "global"), the only case whose results it changed."""
         values = {k: v for k, v in self.semantic_dict().items() if not (k in ADDED_KNOBS and v == ADDED_KNOBS[k])}
+        values.pop("bn_stats", None)  # enters by its effect: averaged statistics (before it, every run kept them local)
+        if self.bn_statistics() == "global" and self.model in RUNNING_STATS_MODELS:
+            values["bn_stats"] = "global"
         blob = json.dumps(values | {"results_revision": RESULTS_REVISION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+    def bn_statistics(self) -> str:
+        """Where the BatchNorm running statistics live: `bn_stats`, or the method's default."""
+        from .algorithms import get_algorithm
+        return self.bn_stats or get_algorithm(self.algorithm).default_bn_stats
 
     def data_spec(self) -> dict[str, Any]:
         """The knobs that decide the clients' data: trials with equal specs share one loaded copy."""

@@ -171,7 +171,7 @@ class Simulation:
             t0 = time.perf_counter()
             client, d = clients[k], data[k]
             if server and not self.synced[k]:  # missed broadcasts: download the current model first
-                algo.receive(client)
+                download(algo, client)
                 down[k] += algo.sent_bytes(client)
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
@@ -235,10 +235,12 @@ class Simulation:
         if graph is not None:
             traffic = algo.mix_neighbours(clients, data, graph, rnd)
             return _Placed(list(range(len(clients))), traffic.up, traffic.down)
-        traffic = algo.aggregate([clients[k] for k in participants], [data[k] for k in participants], rnd)
+        placed, placed_data = [clients[k] for k in participants], [data[k] for k in participants]
+        traffic = algo.aggregate(placed, placed_data, rnd)
+        stats = algo.share_statistics(placed, placed_data)  # bn_stats = "global": BatchNorm's running statistics
         taking_part = set(participants)
         self.synced = [k in taking_part for k in range(len(clients))]
-        return _Placed(participants, traffic.up, traffic.down)
+        return _Placed(participants, [b + stats for b in traffic.up], [b + stats for b in traffic.down])
 
     def _newcomer(self, k: int, rnd: int) -> ClientRound:
         """An unseen client's row: nothing before the last round; after it, the client joins as a
@@ -256,13 +258,13 @@ class Simulation:
                              extra=dict(client.extra))
         down = 0
         if algo.communicates:
-            algo.receive(joined)
+            download(algo, joined)
             down = algo.sent_bytes(joined)
         stats = algo.local_update(k, joined, d, rnd)
         acc_local, val_local = self._scores(joined.state, d)
         acc_global, val_global = acc_local, val_local
         if algo.communicates and algo.acc_from != "local":
-            algo.receive(joined)
+            download(algo, joined)
             acc_global, val_global = self._scores(joined.state, d)
         if algo.acc_from == "custom":
             acc, acc_val = self._scores(algo.personalized_model(k, joined, d, rnd), d)
@@ -285,7 +287,8 @@ class Simulation:
         """The model this run hands to a second stage (`fl_core.checkpoints.server_model`)."""
         from .checkpoints import server_model
         seen = [c.state for k, c in enumerate(self.clients) if k not in self.data.unseen]
-        return server_model(self.algorithm.global_state, seen, self.algorithm.shared_names())
+        return server_model(self.algorithm.global_state, seen,
+                            self.algorithm.shared_names() + self.algorithm.statistic_names)
 
     # ---------------------------------------------------------------- save / restore
     def state_dict(self) -> dict[str, Any]:
@@ -355,8 +358,15 @@ class _Snapshot:
 def _caught_up(algo, client: ClientState) -> ClientState:
     """A copy of `client` after receiving the current broadcast (the client itself is unchanged)."""
     copy = ClientState(state=dict(client.state), mask=client.mask, extra=dict(client.extra))
-    algo.receive(copy)
+    download(algo, copy)
     return copy
+
+
+def download(algo, client: ClientState) -> None:
+    """The client takes the server's current broadcast: the shared parameters (`receive`) and,
+    under bn_stats = "global", the running statistics."""
+    algo.receive(client)
+    algo.receive_statistics(client)
 
 
 def _checked_metrics(method: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -58,8 +58,9 @@ def test_bn_entries_stay_local_and_the_rest_is_fedavgs_aggregate_bit_for_bit():
         assert all(torch.equal(averaged[0], w) for w in averaged[1:])  # where FedAvg averages
 
 
-def test_fedavg_and_fedbn_part_only_in_the_bn_weights_after_a_round():
-    fedavg, fedbn = (Simulation(tiny(algorithm=a, **BN_RUN)) for a in ("fedavg", "fedbn"))
+def test_fedavg_with_local_statistics_and_fedbn_part_only_in_the_bn_weights_after_a_round():
+    fedavg, fedbn = (Simulation(tiny(algorithm=a, **BN_RUN, **k)) for a, k in (("fedavg", {"bn_stats": "local"}),
+                                                                              ("fedbn", {})))
     fedavg.run_round()
     fedbn.run_round()
     bn = set(batchnorm_entries(fedbn.trainer.model))

@@ -101,6 +101,12 @@ class Algorithm:
     # Every client state is 0 wherever its contribution mask is False (sparse models, DisPFL):
     # averaging then skips the product with the mask (`masks.masked_average(zero_outside=True)`).
     sparse_states: ClassVar[bool] = False
+    # Where BatchNorm running statistics live unless `bn_stats` says otherwise: "global" (the server
+    # averages them with the weights: one global model, as the method's paper evaluates it) or
+    # "local" (every client keeps its own). `bn_stats_fixed`: the other value would not be the
+    # method (FedBN); a method without a server always keeps them local.
+    default_bn_stats: ClassVar[str] = "local"
+    bn_stats_fixed: ClassVar[bool] = False
 
     @classmethod
     def has_server(cls) -> bool:
@@ -124,6 +130,9 @@ class Algorithm:
         self.numels = {n: p.numel() for n, p in trainer.params.items()}
         self.global_state: State = {}
         self.clients_info: list[ClientInfo] = []
+        # BatchNorm running statistics the server averages (bn_stats = "global"), else none
+        self.statistic_names = ([n for n, b in trainer.model.named_buffers() if b.is_floating_point()]
+                                if config.bn_statistics() == "global" and self.has_server() else [])
 
     # ================================================================ hooks: set-up
     @classmethod
@@ -233,6 +242,24 @@ class Algorithm:
     def receive(self, client: ClientState) -> None:
         """Write the broadcast shared parameters into the client (buffers stay local)."""
         for n in self.shared_names():
+            client.state[n] = self.global_state[n].clone()
+
+    def share_statistics(self, clients: Sequence[ClientState], data: Sequence[ClientData]) -> int:
+        """Under bn_stats = "global", after the server step: average the participants' running
+        statistics with the aggregation weights and broadcast them back. Bytes each client sent
+        (and received) for them; 0 without BatchNorm or under "local"."""
+        names = self.statistic_names
+        if not names or not clients:
+            return 0
+        self.global_state.update(masked_average(self.global_state, [c.state for c in clients], [None] * len(clients),
+                                                self.aggregation_weights(data), names))
+        for client in clients:
+            self.receive_statistics(client)
+        return sum(self.global_state[n].numel() for n in names) * BYTES_PER_ENTRY
+
+    def receive_statistics(self, client: ClientState) -> None:
+        """Write the server's running statistics into the client (nothing under bn_stats = "local")."""
+        for n in self.statistic_names:
             client.state[n] = self.global_state[n].clone()
 
     def sent_bytes(self, client: ClientState) -> int:

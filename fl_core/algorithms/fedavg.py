@@ -1,15 +1,18 @@
 """FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from
 Decentralized Data", AISTATS 2017.
 
-Evaluated per client: the global model after the broadcast (`acc_global`). Every parameter is
-averaged; buffers (BatchNorm running statistics) stay on the client, as in FedSelect, so that
-FedSelect with p = 0 is exactly this method.
+Evaluated per client: the global model after the broadcast (`acc_global`): one and the same
+model for every client. Every parameter is averaged and, on a model with BatchNorm, so are the
+running mean and variance (`bn_stats = "global"`, the default here): the server averages them with
+the aggregation weights and broadcasts them, and the bytes count them. That is the single global
+model the FedAvg paper evaluates and the FedSelect paper's protocol reports ("for FedAvg, accuracy
+is reported for a single global model"), and what the FedBN paper's FedAvg baseline averages.
 
-On a model with BatchNorm this means: BN weights and biases are averaged like any parameter, the
-running mean and variance stay each client's own, so a client is evaluated with the global
-weights normalised by statistics of its own data (the FedBN paper's FedAvg baseline averages the
-statistics too; ours never sends them, and counts no bytes for them). FedBN (fedbn.py) differs
-from this method in exactly one thing: it keeps the BN weights and biases local as well.
+`bn_stats = "local"` keeps the running statistics on each client (every client then evaluates
+the global weights normalised by statistics of its own data: a personalized FedAvg, and this
+engine's FedAvg before the knob existed). With "local", FedSelect at p = 0 computes exactly this
+method, and FedBN (fedbn.py) differs from it in exactly one thing: it keeps the BN weights and
+biases local as well.
 """
 from __future__ import annotations
 
@@ -20,3 +23,4 @@ class FedAvg(Algorithm):
     name = "fedavg"
     display = "FedAvg"
     acc_from = "global"
+    default_bn_stats = "global"  # one global model, running statistics included

@@ -90,3 +90,4 @@ class FineTuning(Algorithm):
 class FedAvgFT(FineTuning):
     name = "fedavg_ft"
     display = "FedAvg+FT"
+    default_bn_stats = "global"  # FedAvg's global model, statistics included, is what is fine-tuned

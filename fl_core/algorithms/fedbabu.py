@@ -31,6 +31,7 @@ class FedBABU(FineTuning):
     name = "fedbabu"
     display = "FedBABU"
     protocol = FineTuneProtocol(min_epochs=5, lr=1e-3, momentum=0.9)
+    default_bn_stats = "global"  # one global body trained as FedAvg, statistics included, then fine-tuned
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.trained_entries(k))

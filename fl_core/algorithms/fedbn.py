@@ -8,10 +8,11 @@ local BN.
 
 FedAvg in every other respect: `local_epochs` of SGD on every parameter, then the server
 averages the parameters outside BatchNorm and broadcasts them; a BatchNorm layer's weight and
-bias never leave the client, so they are neither averaged nor counted in the bytes sent. The
-running statistics are buffers, which no method here averages (see fedavg.py): this engine's
-FedAvg already keeps them local, so on a model with BatchNorm the two methods differ exactly in
-the BN weights and biases, and on a model without BatchNorm FedBN is FedAvg.
+bias never leave the client, so they are neither averaged nor counted in the bytes sent, and
+neither are its running statistics (`bn_stats` is fixed at "local" here). FedBN therefore differs
+from FedAvg under `bn_stats = "local"` in exactly the BN weights and biases, and from the default
+FedAvg (one global model, statistics averaged) in every BatchNorm entry; on a model without
+BatchNorm FedBN is FedAvg.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class FedBN(Algorithm):
     name = "fedbn"
     display = "FedBN"
     acc_from = "global"
+    bn_stats_fixed = True  # local BatchNorm is the method
     evaluates = "after the broadcast, with the client's own BatchNorm layers"
 
     def __init__(self, *args, **kwargs) -> None:

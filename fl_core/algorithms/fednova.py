@@ -82,6 +82,7 @@ class FedNova(FineTuning):
     Params = FedNovaParams
     protocol = FineTuneProtocol(epochs=0)  # acc = the broadcast model unless a study sets ft_epochs
     evaluates = "the broadcast model, fine-tuned when ft_epochs > 0 (acc_global: before fine-tuning)"
+    default_bn_stats = "global"  # one global model, as FedAvg
 
     def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
         super().__init__(config, trainer, model_name)

@@ -45,6 +45,7 @@ class FedProx(FineTuning):
     Params = FedProxParams
     protocol = FineTuneProtocol(epochs=0)  # acc = the broadcast model unless a study sets ft_epochs
     evaluates = "the broadcast model, fine-tuned when ft_epochs > 0 (acc_global: before fine-tuning)"
+    default_bn_stats = "global"  # one global model, as FedAvg
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         mu = self.params.mu

@@ -73,6 +73,7 @@ class MOON(Algorithm):
     display = "MOON"
     Params = MOONParams
     acc_from = "global"
+    default_bn_stats = "global"  # one global model, as FedAvg
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)

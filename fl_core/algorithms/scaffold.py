@@ -69,6 +69,7 @@ class SCAFFOLD(Algorithm):
     display = "SCAFFOLD"
     Params = SCAFFOLDParams
     acc_from = "global"
+    default_bn_stats = "global"  # one global model, as FedAvg
 
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
         self.control = {n: torch.zeros_like(init[n]) for n in self.param_names}  # c
