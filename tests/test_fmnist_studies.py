@@ -3,7 +3,6 @@ each plans exactly the trials its file says, 5 seeds, on fmnist / fmnist_c, in a
 own name; the digits defaults stay the scripts' defaults. No data is read and nothing is trained."""
 import pytest
 
-from fl_core.config import RunConfig
 from sweeps import ablation, baselines, dispfl, feature_shift, fedselect_grid, perfedmask
 from sweeps.spec import STUDIES
 from sweeps.study import build_parser, plan_sweep
@@ -15,24 +14,39 @@ def plan_of(study, argv, tmp_path):
     return plan_sweep(study, build_parser(study).parse_args([*argv, "--results", str(tmp_path)]))[0]
 
 
-# script -> (trials, datasets, {algorithm: trials}); the counts follow from each file's axes x 5 seeds
+# Studies run as declared: script -> (trials, datasets, {algorithm: trials}), the counts from each
+# file's axes x 5 seeds. Tuned studies (the fair protocol): script -> (datasets, select groups),
+# each group searched with 8 configurations on search seed 1000 before its winner runs on 5 seeds.
 EXPECTED = {
     dispfl: (20, {"fmnist"}, {"dispfl": 5, "dpsgd": 5, "fedavg": 5, "local": 5}),
-    fedselect_grid: (60, {"fmnist"}, {"fedselect": 40, "fedavg": 10, "local": 10}),
-    baselines: (35, {"fmnist"}, None),
-    ablation: (25, {"fmnist"}, {"fedselect": 25}),
-    feature_shift: (80, {"fmnist_c"}, None),
     perfedmask: (50, {"fmnist"}, None),
 }
+TUNED = {
+    fedselect_grid: ({"fmnist"}, [f"{s} / {m}" for s in ("fmnist, 5 shards", "fmnist, Dir(0.5)")
+                                  for m in ("FedSelect", "FedAvg", "Local")]),
+    baselines: ({"fmnist"}, [f"fmnist, 5 shards / {m}" for m in ("FedSelect", "FedAvg", "Local", "FedAvg+FT", "FedRep",
+                                                                 "LG-FedAvg", "FedPAC")]),
+    ablation: ({"fmnist"}, [f"fmnist, 5 shards / FedSelect{v}" for v in ("", " (personalize least)", " (random)",
+                                                                         " (layer A)", " (layer D)")]),
+    feature_shift: ({"fmnist_c"}, [f"fmnist_c, {s} / {m}" for s in ("a client per domain", "Dir(0.5) per domain")
+                                   for m in ("FedSelect", "FedAvg", "Local", "FedBN")]),
+}
+
+
+def check_preset(module, plan, tmp_path):
+    stem = module.STUDY.spec.stem
+    assert module.STUDY.presets["fmnist"] == STUDIES / f"{stem}_fmnist.toml"
+    assert plan.folder.name.startswith(f"{stem}_fmnist-")  # its own sweeps and MLflow experiment
+    default = plan_of(module.STUDY, [], tmp_path)  # no preset: the quick study, digits or MNIST, 3 seeds
+    assert "fmnist" not in {c.dataset.removesuffix("_c") for c in default.configs}
+    assert sorted({c.seed for c in default.configs}) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("module", list(EXPECTED), ids=lambda m: m.__name__.split(".")[-1])
 def test_fmnist_preset_plans_the_trials_its_file_says(module, tmp_path):
     total, datasets, per_algorithm = EXPECTED[module]
     plan = plan_of(module.STUDY, ["--preset", "fmnist"], tmp_path)
-    stem = module.STUDY.spec.stem
-    assert module.STUDY.presets["fmnist"] == STUDIES / f"{stem}_fmnist.toml"
-    assert plan.folder.name.startswith(f"{stem}_fmnist-")  # its own sweeps and MLflow experiment
+    check_preset(module, plan, tmp_path)
     assert len(plan.configs) == total and len({c.config_hash() for c in plan.configs}) == total
     assert {c.dataset for c in plan.configs} == datasets
     assert sorted({c.seed for c in plan.configs}) == SEEDS
@@ -42,24 +56,35 @@ def test_fmnist_preset_plans_the_trials_its_file_says(module, tmp_path):
     assert all(n % len(SEEDS) == 0 for n in counts.values())  # every configuration on every seed
     if per_algorithm is not None:
         assert counts == per_algorithm
-    default = plan_of(module.STUDY, [], tmp_path)  # no preset: the quick study, digits or MNIST, 3 seeds
-    assert "fmnist" not in {c.dataset.removesuffix("_c") for c in default.configs}
-    assert sorted({c.seed for c in default.configs}) == [0, 1, 2]
 
 
-def test_fedselect_grid_fmnist_is_p_by_limit_on_two_dirichlet_settings(tmp_path):
-    """Built by hand: p {0.1, 0.5} x α {0.5, 0.8} x Dir α {0.1, 0.5}, FedAvg and Local anchors, 10
-    clients of 100 images, 2 local epochs, 60 rounds, seeds 0-4, in the file's order."""
-    expected = []
-    for dir_alpha in (0.1, 0.5):
-        for seed in SEEDS:
-            base = dict(dataset="fmnist", partition="dirichlet", dir_alpha=dir_alpha, num_clients=10,
-                        samples_per_client=100, rounds=60, eval_every=3, local_epochs=2, seed=seed)
-            expected += [RunConfig(algorithm="fedselect", pers_rate=p, pers_limit=a, **base)
-                         for p in (0.1, 0.5) for a in (0.5, 0.8)]
-            expected += [RunConfig(algorithm=m, **base) for m in ("fedavg", "local")]
+@pytest.mark.parametrize("module", list(TUNED), ids=lambda m: m.__name__.split(".")[-1])
+def test_tuned_fmnist_preset_searches_every_method_alike(module, tmp_path):
+    datasets, groups = TUNED[module]
+    plan = plan_of(module.STUDY, ["--preset", "fmnist"], tmp_path)
+    check_preset(module, plan, tmp_path)
+    assert plan.configs == [] and [s.kind for s in plan.stages] == ["select"] * len(groups)
+    assert [s.group for s in plan.stages] == groups
+    bases = [c for s in plan.stages for _, c in s.configs]
+    assert {c.dataset for c in bases} == datasets and {c.seed for c in bases} == {1000}
+    assert {c.val_fraction for c in bases} == {0.1} and plan.spec.seeds == tuple(SEEDS)
+    assert plan.spec.num_samples == 8 and plan.spec.scheduler == "asha"
+    for stage, (_, config) in zip(plan.stages, (s.configs[0] for s in plan.stages)):
+        fedselect = config.algorithm == "fedselect"
+        assert set(stage.domains) == ({"lr", "pers_rate", "pers_limit"} if fedselect else {"lr"}), stage.group
+
+
+def test_fedselect_grid_fmnist_settings_leave_local_room_and_fedavg_is_one_global_model(tmp_path):
+    """5 classes of 20 images per client and Dir(0.5), 10 clients of 100 images, 2 local epochs, 60
+    rounds; on fmnist_c FedAvg averages its BatchNorm statistics, FedBN does not."""
     plan = plan_of(fedselect_grid.STUDY, ["--preset", "fmnist"], tmp_path)
-    assert [c.config_hash() for c in plan.configs] == [c.config_hash() for c in expected]
+    settings = {(c.partition, c.shards_per_client if c.partition == "shards" else c.dir_alpha, c.num_clients,
+                 c.samples_per_client, c.local_epochs, c.rounds) for s in plan.stages for _, c in s.configs}
+    assert settings == {("shards", 5, 10, 100, 2, 60), ("dirichlet", 0.5, 10, 100, 2, 60)}
+    shift = plan_of(feature_shift.STUDY, ["--preset", "fmnist"], tmp_path)
+    where = {c.algorithm: c.bn_statistics() for s in shift.stages for _, c in s.configs}
+    assert where == {"fedselect": "local", "fedavg": "global", "local": "local", "fedbn": "local"}
+    assert {c.model for s in shift.stages for _, c in s.configs} == {"lenet_bn"}
 
 
 def test_presets_are_the_sibling_files_and_flags_still_override(tmp_path):
