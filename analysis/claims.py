@@ -93,6 +93,7 @@ class Claim:
     reference: str = ""          # B (every kind but best)
     margin: float = MARGIN       # m, accuracy as a fraction (superiority: for the "equivalent" verdict)
     tied: tuple[str, ...] = ()   # best: the methods the paper calls comparable to A (not opponents)
+    source: str = ""             # where the claim is made: the paper (venue) and its table
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -105,49 +106,69 @@ class Claim:
 
 
 LABEL_SKEW = ("fedselect_grid_fmnist", "baselines_fmnist")
+FEDSELECT_T1 = "FedSelect (CVPR 2024), Table 1"
+# The claims below are the original DisPFL paper's; our copy is a reproduction report, which
+# neither states them nor compares with D-PSGD.
+DISPFL = "DisPFL (Dai et al., ICML 2022), not in our copy (a reproduction report)"
+PERFEDMASK = "PerFedMask (ICLR 2023 poster), its table of accuracy after fine-tuning"
+
+# What each study changes from the paper it tests, in one phrase (the page's last column); the
+# scale (dataset, model, clients) is read from the sweep's trials.
+DIFFERS = {
+    "fedselect_grid_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18; 2 local epochs, 60 rounds",
+    "baselines_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18; 40 rounds; 7 of the table's methods",
+    "ablation_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18; 40 rounds; blocks B and C left out",
+    "feature_shift_fmnist": "Fashion-MNIST under 4 synthetic corruptions and LeNet-BN for CIFAR10-C / OfficeHome and "
+                            "ResNet-18; 60 rounds",
+    "dispfl_fmnist": "Fashion-MNIST and a small CNN for CIFAR and ResNet-18; 20 clients, not 100; far fewer rounds",
+    "perfedmask_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 20 devices, 50 rounds",
+    "fedl2p_fmnist": "Fashion-MNIST (and its corruptions) and LeNet-BN for CIFAR-10 and ResNet-18; 12 clients",
+}
 CLAIMS = (
     # FedSelect [S4]: "FedSelect outperforms recent state-of-the-art PFL algorithms under challenging
     # client data heterogeneity settings"; m = 1 pp (MARGIN) only decides "equivalent"
-    Claim("FedSelect", "FedSelect outperforms FedAvg", "CIFAR-10: 82.25 vs 27.70 (Table 1)", LABEL_SKEW,
-          SUPERIORITY, "FedSelect", "FedAvg"),
-    Claim("FedSelect", "FedSelect outperforms Local (local training only)", "CIFAR-10: 82.25 vs 74.60 (Table 1)",
-          LABEL_SKEW, SUPERIORITY, "FedSelect", "Local"),
+    Claim("FedSelect", "FedSelect outperforms FedAvg", "CIFAR-10: 82.25 vs 27.70", LABEL_SKEW,
+          SUPERIORITY, "FedSelect", "FedAvg", source=FEDSELECT_T1),
+    Claim("FedSelect", "FedSelect outperforms Local (local training only)", "CIFAR-10: 82.25 vs 74.60",
+          LABEL_SKEW, SUPERIORITY, "FedSelect", "Local", source=FEDSELECT_T1),
     Claim("FedSelect", "In all cases, FedSelect achieves state-of-the-art results: above every baseline",
-          "CIFAR-10: 82.25, next LG-FedAvg 77.65 (Table 1)", ("baselines_fmnist",), BEST, "FedSelect"),
+          "CIFAR-10: 82.25, next LG-FedAvg 77.65", ("baselines_fmnist",), BEST, "FedSelect",
+          source=FEDSELECT_T1),
     Claim("FedSelect", "GradSelect outperforms every ablation (least changed, random, layers A-D)",
-          "CIFAR-10: 82.25, next Layer A 79.96 (Table 3)", ("ablation_fmnist",), BEST, "FedSelect"),
+          "CIFAR-10: 82.25, next Layer A 79.96", ("ablation_fmnist",), BEST, "FedSelect",
+          source="FedSelect (CVPR 2024), Table 3"),
     Claim("FedSelect", "FedSelect outperforms FedAvg under feature shift (robust to real-world distributional shifts)",
-          "CIFAR10-C: 72.05 vs 21.35; OfficeHome: 80.51 vs 74.35 (Table 1)", ("feature_shift_fmnist",),
-          SUPERIORITY, "FedSelect", "FedAvg"),
+          "CIFAR10-C: 72.05 vs 21.35; OfficeHome: 80.51 vs 74.35", ("feature_shift_fmnist",),
+          SUPERIORITY, "FedSelect", "FedAvg", source=FEDSELECT_T1),
     Claim("FedSelect", "FedSelect outperforms Local under feature shift",
-          "CIFAR10-C: 72.05 vs 69.50; OfficeHome: 80.51 vs 75.60 (Table 1)", ("feature_shift_fmnist",),
-          SUPERIORITY, "FedSelect", "Local"),
+          "CIFAR10-C: 72.05 vs 69.50; OfficeHome: 80.51 vs 75.60", ("feature_shift_fmnist",),
+          SUPERIORITY, "FedSelect", "Local", source=FEDSELECT_T1),
     # DisPFL: its numbers are not in our copy (a reproduction report); "as accurate as FedAvg or
     # better" is a non-inferiority claim at m = 1 pp, the same margin as "comparable" elsewhere
     Claim("DisPFL", "DisPFL outperforms D-PSGD, the dense decentralized baseline", "not in our copy of the paper",
-          ("dispfl_fmnist",), SUPERIORITY, "DisPFL", "D-PSGD"),
+          ("dispfl_fmnist",), SUPERIORITY, "DisPFL", "D-PSGD", source=DISPFL),
     Claim("DisPFL", "DisPFL is as accurate as centralized FedAvg or better", "not in our copy of the paper",
-          ("dispfl_fmnist",), NONINFERIORITY, "DisPFL", "FedAvg"),
+          ("dispfl_fmnist",), NONINFERIORITY, "DisPFL", "FedAvg", source=DISPFL),
     Claim("DisPFL", "DisPFL's busiest node carries less traffic than FedAvg's server", "not in our copy of the paper",
-          ("dispfl_fmnist",), LESS_MB, "DisPFL", "FedAvg"),
+          ("dispfl_fmnist",), LESS_MB, "DisPFL", "FedAvg", source=DISPFL),
     Claim("DisPFL", "DisPFL's busiest node carries less traffic than D-PSGD's", "not in our copy of the paper",
-          ("dispfl_fmnist",), LESS_MB, "DisPFL", "D-PSGD"),
+          ("dispfl_fmnist",), LESS_MB, "DisPFL", "D-PSGD", source=DISPFL),
     # PerFedMask [S2]: "PerFedMask has comparable performance to FedBABU and outperforms the other
     # baselines in terms of test accuracy after fine-tuning" (every method's accuracy is after
     # fine-tuning); "comparable" at m = 1 pp holds the poster's own gaps (0.23, 0.67 pp)
     Claim("PerFedMask", "PerFedMask outperforms FedAvg+FT in test accuracy after fine-tuning",
           "CIFAR-10: 88.43 vs 84.99 (c = 1), 83.60 vs 71.19 (c = 0.1)", ("perfedmask_fmnist",), SUPERIORITY,
-          "PerFedMask", "FedAvg+FT"),
+          "PerFedMask", "FedAvg+FT", source=PERFEDMASK),
     Claim("PerFedMask", "PerFedMask has comparable performance to FedBABU after fine-tuning",
           "CIFAR-10: 88.43 vs 88.20 (c = 1), 83.60 vs 84.27 (c = 0.1)", ("perfedmask_fmnist",), EQUIVALENCE,
-          "PerFedMask", "FedBABU"),
+          "PerFedMask", "FedBABU", source=PERFEDMASK),
     Claim("PerFedMask", "PerFedMask outperforms the other baselines in terms of test accuracy after fine-tuning",
           "CIFAR-10: 88.43, next HeteroFL 87.33 (c = 1); 83.60, next Split-Mix 77.76 (c = 0.1)",
-          ("perfedmask_fmnist",), BEST, "PerFedMask", tied=("FedBABU",)),
+          ("perfedmask_fmnist",), BEST, "PerFedMask", tied=("FedBABU",), source=PERFEDMASK),
     # FedL2P [S1]: "applying FedL2P ... in most cases outperforming FT"; seen clients (acc_mean)
     Claim("FedL2P", "FedL2P outperforms FT (BN C), the most commonly used fine-tuning",
-          "CIFAR-10, Dir(0.1), e = 5: 80.33 vs 68.04 (Table 2)", ("fedl2p_fmnist",), SUPERIORITY, "FedL2P",
-          "FT (BN C)"),
+          "CIFAR-10, Dir(0.1), e = 5: 80.33 vs 68.04", ("fedl2p_fmnist",), SUPERIORITY, "FedL2P",
+          "FT (BN C)", source="FedL2P (NeurIPS 2023), Table 2"),
 )
 
 
@@ -171,6 +192,30 @@ def compared_trials(trials: pd.DataFrame) -> pd.DataFrame:
     stage = stage_column(trials)
     keep = trials[~stage.isin([SELECT, PRETRAIN]) & ~unfinished(trials)]
     return chosen_trials(keep) if len(keep) else keep
+
+
+def scale(chosen: pd.DataFrame, setting: str) -> str:
+    """The setting's size as run, from its trials' columns: e.g. "fmnist, lenet, 10 clients x 100
+    images" (what a frame lacks is left out)."""
+    from fl_core.data.catalog import input_shape_of
+    from fl_core.models import resolve_model_name
+
+    here = chosen[chosen["setting"] == setting]
+    if not len(here) or "dataset" not in here:
+        return ""
+    first = here.iloc[0].to_dict()
+    parts = [str(first["dataset"])]
+    if isinstance(first.get("model"), str):
+        size = first.get("image_size")
+        try:
+            shape = input_shape_of(first["dataset"], None if pd.isna(size) else int(size))
+            parts.append(resolve_model_name(first["model"], shape))
+        except (KeyError, ValueError):
+            parts.append(first["model"])
+    if pd.notna(first.get("num_clients")):
+        images = first.get("samples_per_client")
+        parts.append(f"{int(first['num_clients'])} clients" + (f" x {int(images)} images" if pd.notna(images) else ""))
+    return ", ".join(parts)
 
 
 def per_seed(chosen: pd.DataFrame, setting: str, method: str) -> pd.Series:
@@ -312,7 +357,8 @@ def sweep_rows(claim: Claim, sweep: Path, data: dict) -> list[dict]:
     chosen = data["chosen"]
     mine = chosen[chosen["method"].isin([claim.method, claim.reference])]
     mb = busiest_mb(sweep, chosen) if claim.kind == LESS_MB and len(mine) else None
-    rows = [{"setting": s} | setting_row(claim, chosen, s, mb) for s in settings_order(mine)] if len(mine) else []
+    rows = [{"setting": s, "scale": scale(chosen, s)} | setting_row(claim, chosen, s, mb)
+            for s in settings_order(mine)] if len(mine) else []
     names = " or ".join(m for m in (claim.method, claim.reference) if m)
     return rows or [{"setting": ""} | untested(f"no {names} trials in this sweep")]
 
@@ -335,7 +381,7 @@ def kind_text(claim: Claim) -> str:
             LESS_MB: "less traffic"}[claim.kind]
 
 
-COLUMNS = ("paper", "claim", "type", "paper_number", "study", "setting", "ours", "difference", "seeds", "test",
+COLUMNS = ("paper", "source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours", "difference", "seeds", "test",
            "holm_p", "verdict", "note", "kind", "margin", "mean", "sd", "p_claim", "p_opposite", "p_equivalence",
            "selection")
 
@@ -349,15 +395,16 @@ def check_claims(paths=(), claims=CLAIMS) -> pd.DataFrame:
     loaded: dict[Path, dict] = {}
     rows = []
     for claim in claims:
-        base = {"paper": claim.paper, "claim": claim.text, "type": kind_text(claim), "kind": claim.kind,
-                "paper_number": claim.paper_number, "margin": claim.margin}
+        base = {"paper": claim.paper, "source": claim.source, "claim": claim.text, "type": kind_text(claim),
+                "kind": claim.kind, "paper_number": claim.paper_number, "margin": claim.margin}
         found = [s for name in claim.studies for s in by_study.get(name, [])]
         if not found:
             rows.append(base | {"study": "", "setting": ""}
                         | untested(f"no sweep of study {' or '.join(claim.studies)} at hand", NOT_RUN))
         for sweep in found:
             data = loaded.setdefault(sweep, sweep_data(sweep))
-            rows += [base | {"study": sweep.name, "selection": data["selection"]} | row
+            rows += [base | {"study": sweep.name, "selection": data["selection"],
+                             "differs": DIFFERS.get(study_name(sweep), "")} | row
                      for row in sweep_rows(claim, sweep, data)]
     return decide(pd.DataFrame(rows).reindex(columns=list(COLUMNS)))
 
@@ -402,9 +449,10 @@ def verdict_of(row: pd.Series) -> dict:
 
 # ---------------------------------------------------------------- the page
 
-HEADER = ("Paper", "Claim", "Type", "Paper's number", "Sweep", "Setting", "Ours, A vs B (%)", "A − B, 95 % CI (pp)",
-          "Seeds", "Test", "Holm p", "Verdict")
-KEYS = ("paper", "claim", "type", "paper_number", "study", "setting", "ours", "difference", "seeds", "test", "holm_p")
+HEADER = ("Source", "Claim", "Type", "Paper's number", "Sweep", "Setting", "Scale", "Differs from the paper",
+          "Ours, A vs B (%)", "A − B, 95 % CI (pp)", "Seeds", "Test", "Holm p", "Verdict")
+KEYS = ("source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours", "difference",
+        "seeds", "test", "holm_p")
 
 
 def cell(row: dict, key: str) -> str:

@@ -28,7 +28,8 @@ NOISE = np.array([0.03, -0.02, 0.04, -0.03, 0.01])              # neither
 
 
 def trial(method: str, seed: int, acc: float, stage: str, setting: str = SETTING) -> dict:
-    return {"algorithm": "fedavg", "method": method, "setting": setting, "dataset": "fmnist", "partition": "shards",
+    return {"algorithm": "fedavg", "method": method, "setting": setting, "dataset": "fmnist", "model": "auto",
+            "num_clients": 10, "samples_per_client": 100, "partition": "shards",
             "shards_per_client": 2, "dir_alpha": math.nan, "lr": 0.05, "seed": seed, "acc_mean": acc,
             "acc_val_mean": acc, "status": "COMPLETED", "stage": stage, "config_hash": f"{method}|{seed}|{stage}"}
 
@@ -62,6 +63,18 @@ def test_superiority_holds_is_opposite_or_equivalent_within_its_margin(tmp_path)
     assert row["note"] == "within ±1 pp" and row["test"].startswith("TOST ±1 pp")
     assert row["holm_p"] == pytest.approx(paired.equivalence(paired.difference(pd.Series(BASE + SAME),
                                                                                 pd.Series(BASE)), 0.01))
+
+
+def test_a_row_names_its_source_the_scale_it_ran_at_and_what_differs_from_the_paper(tmp_path):
+    claim = next(c for c in CLAIMS if c.kind == BEST and c.studies == (STUDY,))
+    row = judged(tmp_path, {"FedSelect": BASE + BETTER, "FedAvg": BASE}, [claim]).iloc[0]
+    assert row["source"] == "FedSelect (CVPR 2024), Table 1"
+    assert row["scale"] == "fmnist, lenet, 10 clients x 100 images"  # `auto` resolved for 28x28 images
+    assert row["differs"].startswith("Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18")
+    page = to_markdown(pd.DataFrame([row]))
+    assert "| Source |" in page and "| FedSelect (CVPR 2024), Table 1 |" in page and row["differs"] in page
+    assert all(c.source for c in CLAIMS)  # every claim says where it is made
+    assert next(c for c in CLAIMS if c.reference == "D-PSGD").source.startswith("DisPFL (Dai et al., ICML 2022), not in our copy")
 
 
 def test_inconclusive_prints_the_difference_the_seeds_could_have_detected(tmp_path):
