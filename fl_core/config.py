@@ -26,6 +26,7 @@ from .algorithms import ALGORITHMS, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
+from .models import WIDTH_MODELS
 from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, knob, knob_fields, normalise,
                     search_spaces)
 
@@ -102,6 +103,10 @@ class RunConfig:
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
     model: str = knob("auto", "model; auto = lenet for 8x8/28x28 inputs, cnn2 for 32x32", choices=MODELS)
+    model_width: float = knob(1.0, "width of a small CNN (lenet, cnn2, lenet_bn, cnn_bn): every hidden layer's C "
+                              "channels or units become ceil(w*C), image channels and classes unchanged (w > 1: "
+                              "spare capacity, e.g. for a pruned model); 1 = the model as registered", low=0,
+                              low_open=True, high=4, added=True)
     init_weights: str | None = knob(None, "file with a state dict (torch.save) that initialises the model instead of "
                                     "the seeded random init, e.g. pretrained weights; loaded with weights_only=True, "
                                     "its keys and shapes must match the model's. Only the path enters the config "
@@ -192,6 +197,9 @@ class RunConfig:
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
         self._check_bn_stats()
+        if self.model_width != 1.0 and self.model not in WIDTH_MODELS:
+            raise ConfigError(f"model_width={self.model_width:g} needs a model with a width ({', '.join(WIDTH_MODELS)}), "
+                              f"not model={self.model!r}; set model too")
         if self.pretrained:
             if self.init_weights is not None:
                 raise ConfigError("give either pretrained (a pretraining run's config hash) or init_weights (a state "

@@ -12,7 +12,7 @@ BatchNorm for feature shift (FedBN, PerFedMask).
 | preresnet18     | pre-activation ResNet-18 of PerFedMask's CIFAR experiments (after HeteroFL) |
 | mobilenet_cifar | MobileNet (v1) for 32x32 inputs, PerFedMask's CIFAR-100 model               |
 
-The small CNNs (`WIDTH_MODELS`) can be built at a width w ∈ (0, 1]: every hidden layer's C channels
+The small CNNs (`WIDTH_MODELS`) can be built at a width w ∈ (0, 4]: every hidden layer's C channels
 or units become ⌈w·C⌉ (image channels and classes unchanged; at w = 1 the very same model).
 
 Every model with BatchNorm keeps running statistics (buffers), so that a method may keep them
@@ -133,8 +133,10 @@ def resolve_model_name(name: str, input_shape: tuple[int, int, int]) -> str:
     return "cnn2" if input_shape[1] >= 32 else "lenet"
 
 
-# The models that can be built narrower (`width` < 1: Split-Mix's base models).
+# The models that can be built at another width (< 1: Split-Mix's base models; > 1: spare capacity,
+# the `model_width` knob).
 WIDTH_MODELS = ("lenet", "cnn2", "cnn_bn", "lenet_bn")
+MAX_WIDTH = 4.0
 
 
 def scaled(channels: int, width: float) -> int:
@@ -303,14 +305,14 @@ def _resnet18(in_channels: int, num_classes: int, cifar_stem: bool) -> nn.Module
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: float = 1.0) -> nn.Module:
-    """Instantiate a registered model for inputs of shape (C, H, W); `width` < 1 builds one of
-    `WIDTH_MODELS` with ⌈width·C⌉ of every hidden layer's C channels or units."""
+    """Instantiate a registered model for inputs of shape (C, H, W); a `width` other than 1 builds
+    one of `WIDTH_MODELS` with ⌈width·C⌉ of every hidden layer's C channels or units."""
     channels, height, image_width = input_shape
     name = resolve_model_name(name, input_shape)
     if height != image_width:
         raise ConfigError(f"input shape {input_shape} is not square; the registry's models expect square images")
-    if not 0 < width <= 1:
-        raise ConfigError(f"model width {width!r} is outside (0, 1]")
+    if not 0 < width <= MAX_WIDTH:
+        raise ConfigError(f"model width {width!r} is outside (0, {MAX_WIDTH:g}]")
     if width != 1.0 and name not in WIDTH_MODELS:
         raise ConfigError(f"model {name!r} cannot be built at width {width:g}; models with a width: "
                           f"{', '.join(WIDTH_MODELS)}")

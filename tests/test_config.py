@@ -74,3 +74,18 @@ def test_the_results_revision_is_part_of_every_hash(monkeypatch):
     monkeypatch.setattr(config_module, "RESULTS_REVISION", config_module.RESULTS_REVISION + 1)
     after = [RunConfig(algorithm=a).config_hash() for a in ("fedselect", "fedavg")]
     assert all(b != a for b, a in zip(before, after))
+
+
+def test_model_width_builds_a_wider_small_cnn_and_is_checked_before_work():
+    import torch
+    from fl_core.simulation import Simulation
+    from conftest import tiny
+    sim = Simulation(tiny(algorithm="fedavg", model="lenet", model_width=2.0, rounds=1))
+    convs = [m for m in sim.trainer.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [12, 32]  # LeNet's 6 and 16, doubled
+    assert sim.trainer.model.head.in_features == 168
+    assert RunConfig(algorithm="fedavg").config_hash() == RunConfig(algorithm="fedavg", model_width=1.0).config_hash()
+    with pytest.raises(ConfigError, match=r"model_width=2 needs a model with a width \(lenet, cnn2, cnn_bn, lenet_bn\)"):
+        RunConfig(algorithm="fedavg", model="resnet18", model_width=2.0)
+    with pytest.raises(ConfigError, match="model_width=5"):
+        RunConfig(algorithm="fedavg", model="lenet", model_width=5.0)

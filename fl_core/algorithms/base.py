@@ -139,9 +139,9 @@ class Algorithm:
     def build_model(cls, config: RunConfig, model_name: str, input_shape: tuple[int, int, int],
                     num_classes: int) -> nn.Module:
         """The one network every client's state runs on, built by the simulation under its seeded
-        RNG before anything else; the registered model by default (Split-Mix: an ensemble of
-        narrow copies of it)."""
-        return models.build_model(model_name, input_shape, num_classes)
+        RNG before anything else; the registered model at `model_width` by default (Split-Mix: an
+        ensemble of narrow copies of it)."""
+        return models.build_model(model_name, input_shape, num_classes, width=config.model_width)
 
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
         """Before round 1, with every client's sizes and capability profile (a server-side

@@ -119,7 +119,7 @@ class FedRoD(Algorithm):
         if config.init_weights is not None or config.pretrained:
             raise ConfigError("fedrod adds a personalized head to the network, which an init_weights or pretrained "
                               "state of the plain model does not hold; leave both unset")
-        generic = models.build_model(model_name, input_shape, num_classes)
+        generic = models.build_model(model_name, input_shape, num_classes, width=config.model_width)
         return TwoHeadNet(generic, models.head_module(generic, model_name))
 
     def __init__(self, config, trainer, model_name) -> None:

@@ -119,7 +119,7 @@ class SplitMix(FineTuning):
             raise ConfigError(f"splitmix needs a model that can be built narrower; model {model_name!r} cannot "
                               f"(models with a width: {', '.join(models.WIDTH_MODELS)})")
         m = base_count(config.method.slim_ratios)
-        return BaseEnsemble([models.build_model(model_name, input_shape, num_classes, width=1.0 / m)
+        return BaseEnsemble([models.build_model(model_name, input_shape, num_classes, width=config.model_width / m)
                              for _ in range(m)])
 
     # ---------------------------------------------------------------- set-up
