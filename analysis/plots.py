@@ -100,6 +100,31 @@ def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
     return save_figure(fig, out, "personal_fraction_communication")
 
 
+def plot_mask_churn(rounds: pd.DataFrame, trials: pd.DataFrame, out: Path) -> list[Path]:
+    """Sparse methods' mask churn (DisPFL's `mask_churn`: the share of entries whose mask changed
+    in a round, mean over the clients) vs round, mean ± std over the seeds of the chosen trials:
+    where the curve has flattened near zero the masks have settled. Nothing without the column."""
+    if "mask_churn" not in rounds or rounds["mask_churn"].isna().all():
+        return []
+    churn = rounds.groupby(["config_hash", "round"])["mask_churn"].mean().dropna().reset_index()
+    churn = churn.merge(chosen_trials(trials)[["config_hash", "setting", "method"]], on="config_hash")
+    stats = churn.groupby(["setting", "method", "round"])["mask_churn"].agg(["mean", "std"]).fillna(0.0).reset_index()
+    settings = sorted(stats["setting"].unique())
+    colors = method_colors(stats["method"])
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
+    for ax, setting in zip(axes[0], settings):
+        for method, group in stats[stats["setting"] == setting].groupby("method"):
+            _band(ax, group["round"], group["mean"], group["std"], method, colors[method])
+        ax.set(title=setting, xlabel="round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("share of mask entries changed")
+    fig.suptitle("Mask churn vs round (mean over clients; mean ± std over seeds)")
+    fig.tight_layout()
+    return save_figure(fig, out, "mask_churn")
+
+
 def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
     """The first seed's trial of the FedSelect (GradSelect) configuration the tables show
     (`chosen_trials`, in the first data setting that has masks); else the first trial with masks."""
@@ -196,6 +221,7 @@ def build_plots(paths, out: str | Path | None = None) -> list[Path]:
         stats = method_curves(rounds, trials)
         written += plot_accuracy(stats, out)
         written += plot_personal_communication(stats, out)
+        written += plot_mask_churn(rounds, trials, out)
 
     masks = load_masks(sweeps)
     if masks.empty:

@@ -34,3 +34,4 @@ def test_dispfl_study_runs_with_its_anchors_and_writes_the_traffic_outputs(ray_c
     assert (folder / "tables" / "traffic.tex").is_file()
     assert (folder / "figures" / "accuracy_vs_busiest_traffic.png").is_file()
     assert (folder / "figures" / "mask_hamming.png").is_file()
+    assert (folder / "figures" / "mask_churn.png").is_file()  # does the masks' churn flatten?

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.load import load_rounds, load_trials
 from analysis.common import method_curves, trial_curves
-from analysis.plots import build_plots, iou_matrix, main
+from analysis.plots import build_plots, iou_matrix, main, plot_mask_churn
 
 from sweep_helpers import V1_FINAL_ACC, write_v1_sweep
 
@@ -31,6 +31,18 @@ def grid_results(ray_cluster, tmp_path_factory):
                                      "--pers-limit", "0.8", "--dir-alpha", "0.5", "--local-epochs", "1",
                                      "--seeds", "0", "--results", str(tmp), "--name", "grid", "--verbose", "0"])
     return tmp
+
+
+def test_mask_churn_is_drawn_per_setting_from_the_chosen_trials_and_only_where_masks_move(tmp_path):
+    trials = pd.DataFrame([{"config_hash": f"h{seed}", "setting": "s", "method": "DisPFL", "seed": seed,
+                            "acc_mean": 0.8, "status": "COMPLETED", "lr": 0.1} for seed in (0, 1)])
+    rounds = pd.DataFrame([{"config_hash": f"h{seed}", "round": r, "client": c, "mask_churn": 0.2 / r}
+                           for seed in (0, 1) for r in (1, 2, 3) for c in (0, 1)])
+    paths = plot_mask_churn(rounds, trials, tmp_path)
+    assert [p.name for p in paths if p.suffix == ".png"] == ["mask_churn.png"]
+    assert matplotlib.image.imread(paths[0] if paths[0].suffix == ".png" else paths[1]).shape[0] > 100
+    assert plot_mask_churn(rounds.assign(mask_churn=np.nan), trials, tmp_path / "none") == []
+    assert plot_mask_churn(rounds.drop(columns="mask_churn"), trials, tmp_path / "none") == []
 
 
 def test_iou_matrix_by_hand():
