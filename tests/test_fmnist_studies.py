@@ -18,7 +18,6 @@ def plan_of(study, argv, tmp_path):
 # file's axes x 5 seeds. Tuned studies (the fair protocol): script -> (datasets, select groups),
 # each group searched with 8 configurations on search seed 1000 before its winner runs on 5 seeds.
 EXPECTED = {
-    dispfl: (20, {"fmnist"}, {"dispfl": 5, "dpsgd": 5, "fedavg": 5, "local": 5}),
     perfedmask: (50, {"fmnist"}, None),
 }
 TUNED = {
@@ -28,6 +27,7 @@ TUNED = {
                                                                  "LG-FedAvg", "FedPAC")]),
     ablation: ({"fmnist"}, [f"fmnist, 5 shards / FedSelect{v}" for v in ("", " (personalize least)", " (random)",
                                                                          " (layer A)", " (layer D)")]),
+    dispfl: ({"fmnist"}, [f"fmnist, Dir(0.3) / {m}" for m in ("DisPFL", "D-PSGD", "FedAvg")]),
     feature_shift: ({"fmnist_c"}, [f"fmnist_c, {s} / {m}" for s in ("a client per domain", "Dir(0.5) per domain")
                                    for m in ("FedSelect", "FedAvg", "Local", "FedBN")]),
 }
@@ -91,8 +91,21 @@ def test_presets_are_the_sibling_files_and_flags_still_override(tmp_path):
     assert set(fedselect_grid.STUDY.presets) == {"default", "fmnist", "paper"}
     paper = plan_of(fedselect_grid.STUDY, ["--preset", "paper", "--seeds", "0"], tmp_path)
     assert {c.dataset for c in paper.configs} == {"cifar10"}
-    quick = plan_of(dispfl.STUDY, ["--preset", "fmnist", "--seeds", "0", "--rounds", "4"], tmp_path)
-    assert len(quick.configs) == 4 and {c.rounds for c in quick.configs} == {4}
+    quick = plan_of(perfedmask.STUDY, ["--preset", "fmnist", "--seeds", "0", "--rounds", "4"], tmp_path)
+    assert len(quick.configs) == 10 and {c.rounds for c in quick.configs} == {4}
+
+
+def test_dispfl_fmnist_prunes_a_model_with_spare_capacity_over_ten_neighbours(tmp_path):
+    plan = plan_of(dispfl.STUDY, ["--preset", "fmnist"], tmp_path)
+    configs = [c for s in plan.stages for _, c in s.configs]
+    assert {(c.model, c.model_width, c.rounds) for c in configs} == {("lenet", 2.0, 60)}
+    assert {c.num_neighbours for c in configs if c.algorithm != "fedavg"} == {10}
+    from fl_core.models import build_model
+    sparse = next(c for c in configs if c.algorithm == "dispfl")
+    assert sparse.density == 0.5
+    model = build_model(sparse.model, (1, 28, 28), 10, width=sparse.model_width)  # Fashion-MNIST's images
+    # at half density the pruned model still holds about twice a dense LeNet's parameters
+    assert 0.5 * sum(p.numel() for p in model.parameters()) > 1.9 * 107786
 
 
 def test_an_unknown_preset_is_one_error_naming_the_choices(capsys):
