@@ -181,7 +181,7 @@ def test_a_recipe_of_several_sweeps_judges_its_claims_once_on_the_pooled_table(t
 
     def check_claims(folders):
         judged.append(list(folders))
-        return pd.DataFrame({"paper": ["P"], "claim": ["c"], "paper_number": [""], "study": ["s"],
+        return pd.DataFrame({"paper": ["P"], "source": ["P"], "claim": ["c"], "paper_number": [""], "study": ["s"],
                              "setting": [""], "ours": [""], "verdict": ["holds"], "test": [""]})
 
     monkeypatch.setattr(analysis.claims, "check_claims", check_claims)
