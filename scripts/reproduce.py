@@ -100,7 +100,9 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
     if name == "claims":
         fresh, written = [], {"claims.md": claims_table(folders, keep_not_run=True)}
     else:
-        fresh = [tex.with_suffix(".md") for tex in build_tables(folders, recipe.table, markdown=True).values()]
+        # every table has its Markdown twin but search_best (LaTeX only; search_history.png shows the search)
+        fresh = [md for tex in build_tables(folders, recipe.table, markdown=True).values()
+                 if (md := tex.with_suffix(".md")).is_file()]
         if recipe.figures:
             fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
         # build_tables keeps the statistics of the table it pooled from all the recipe's sweeps in the
