@@ -180,7 +180,17 @@ def replace_files(out: Path, fresh: list[Path]) -> list[Path]:
 
 
 def write_provenance(name: str, recipe: Recipe, commands: list[str], out: Path, ran: str | None,
-                     seconds: float | None, kernels: str) -> None:
+                     seconds: float | None, kernels: str, judged: list[str] | None = None) -> None:
+    if not recipe.sweeps:   # the claims: no sweep of their own
+        lines = [f"**`docs/results/{name}`**: {recipe.about}. Regenerate: `bash scripts/reproduce.sh {name}`, which "
+                 "runs no sweep: it judges the sweeps of the claims' studies found in `results/` "
+                 "(`scripts/recipes.py` CLAIMS_FROM); `--check --from-data` judges those committed under "
+                 "`docs/results/*/data/`.", "",
+                 f"Written by `analysis` at commit {commit_label()} ({time.strftime('%Y-%m-%d', time.gmtime())}) "
+                 f"from the sweeps {', '.join(judged) if judged else '(none: every row is not rerun yet)'}; "
+                 "each study's provenance.md says which commit ran it."]
+        (out / "provenance.md").write_text("\n".join(lines) + "\n")
+        return
     lines = [f"**`docs/results/{name}`**: {recipe.about}. Regenerate: `bash scripts/reproduce.sh {name}`, "
              "which runs:", ""]
     lines += [f"    {c}" for c in commands]
@@ -356,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[reproduce] kept the Parquet behind the tables in {repo_relative(folder)}")
     shown_commands = [shown(cmd) for cmd in commands]
     ran = (args.ran_at or "not recorded") if args.tables_only else commit_label()
-    write_provenance(args.name, recipe, shown_commands, committed, ran, seconds, kernels_used(results, recipe))
+    judged = sorted(s for other in CLAIMS_FROM for s, _, _ in RECIPES[other].sweeps if (results / s).is_dir())
+    write_provenance(args.name, recipe, shown_commands, committed, ran, seconds, kernels_used(results, recipe),
+                     judged if args.name == "claims" else None)
     for path in written:
         print(f"[reproduce] wrote {repo_relative(path)}")
     if args.name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):
