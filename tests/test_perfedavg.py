@@ -113,7 +113,7 @@ def test_with_alpha_zero_both_variants_are_fedavgs_local_sgd_on_the_d_prime_batc
     FedAvg's own batches (D'), with the run's momentum and weight decay, over 2 epochs, on a BN model."""
     common = dict(model="lenet_bn", rounds=2, local_epochs=2, momentum=0.5, weight_decay=1e-3)
     ours = Simulation(tiny(algorithm=algorithm, perfedavg_alpha=0.0, **common))
-    fedavg = Simulation(tiny(algorithm="fedavg", **common))
+    fedavg = Simulation(tiny(algorithm="fedavg", bn_stats="local", **common))  # Per-FedAvg keeps BN statistics local
     for mine, theirs in zip(ours.run(), fedavg.run()):
         assert [c.acc_local for c in mine.clients] == [c.acc_local for c in theirs.clients]
         for a, b in zip(ours.clients, fedavg.clients):
@@ -154,7 +154,7 @@ def test_a_restored_run_continues_bit_identically(tmp_path):
 
 def test_the_traffic_is_fedavgs_every_parameter_up_and_down():
     sim = Simulation(tiny(algorithm="perfedavg_hf", model="lenet_bn", rounds=2))
-    fedavg = Simulation(tiny(algorithm="fedavg", model="lenet_bn", rounds=2))
+    fedavg = Simulation(tiny(algorithm="fedavg", model="lenet_bn", rounds=2, bn_stats="local"))  # parameters only
     params = sum(p.numel() for p in sim.trainer.model.parameters()) * BYTES_PER_ENTRY
     for mine, theirs in zip(sim.run(), fedavg.run()):
         assert {(c.bytes_up, c.bytes_down) for c in mine.clients} == {(params, params)}
