@@ -172,7 +172,7 @@ class Simulation:
             client, d = clients[k], data[k]
             if server and not self.synced[k]:  # missed broadcasts: download the current model first
                 download(algo, client)
-                down[k] += algo.sent_bytes(client)
+                down[k] += algo.sent_bytes(client) + algo.statistics_bytes()
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
             losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
@@ -259,7 +259,7 @@ class Simulation:
         down = 0
         if algo.communicates:
             download(algo, joined)
-            down = algo.sent_bytes(joined)
+            down = algo.sent_bytes(joined) + algo.statistics_bytes()
         stats = algo.local_update(k, joined, d, rnd)
         acc_local, val_local = self._scores(joined.state, d)
         acc_global, val_global = acc_local, val_local

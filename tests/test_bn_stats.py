@@ -72,6 +72,16 @@ def test_the_bytes_count_the_statistics_both_ways():
         assert (g.bytes_up - l.bytes_up, g.bytes_down - l.bytes_down) == (stats * BYTES_PER_ENTRY,) * 2
 
 
+def test_a_client_that_missed_broadcasts_downloads_the_statistics_too():
+    runs = {b: Simulation(tiny(algorithm="fedavg", participation=0.5, bn_stats=b, **BN_RUN)) for b in ("global", "local")}
+    rows = {b: [sim.run_round().clients for _ in range(2)][1] for b, sim in runs.items()}
+    extra = runs["global"].algorithm.statistics_bytes()
+    assert extra > 0 and runs["local"].algorithm.statistics_bytes() == 0
+    for g, l in zip(rows["global"], rows["local"]):
+        assert g.bytes_down - l.bytes_down in (0, extra, 2 * extra)  # a download, a broadcast, or both
+    assert any(g.bytes_down - l.bytes_down == 2 * extra for g, l in zip(rows["global"], rows["local"]))
+
+
 def test_a_client_that_missed_broadcasts_is_scored_with_the_servers_statistics():
     sim = Simulation(tiny(algorithm="fedavg", participation=0.5, **BN_RUN))
     for _ in range(2):

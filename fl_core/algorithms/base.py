@@ -131,8 +131,10 @@ class Algorithm:
         self.global_state: State = {}
         self.clients_info: list[ClientInfo] = []
         # BatchNorm running statistics the server averages (bn_stats = "global"), else none
-        self.statistic_names = ([n for n, b in trainer.model.named_buffers() if b.is_floating_point()]
+        buffers = dict(trainer.model.named_buffers())
+        self.statistic_names = ([n for n, b in buffers.items() if b.is_floating_point()]
                                 if config.bn_statistics() == "global" and self.has_server() else [])
+        self.numels_of_statistics = [buffers[n].numel() for n in self.statistic_names]
 
     # ================================================================ hooks: set-up
     @classmethod
@@ -255,7 +257,11 @@ class Algorithm:
                                                 self.aggregation_weights(data), names))
         for client in clients:
             self.receive_statistics(client)
-        return sum(self.global_state[n].numel() for n in names) * BYTES_PER_ENTRY
+        return self.statistics_bytes()
+
+    def statistics_bytes(self) -> int:
+        """Bytes of one copy of the running statistics the server averages (0 under "local")."""
+        return sum(self.numels_of_statistics) * BYTES_PER_ENTRY if self.statistic_names else 0
 
     def receive_statistics(self, client: ClientState) -> None:
         """Write the server's running statistics into the client (nothing under bn_stats = "local")."""
