@@ -212,6 +212,9 @@ def scale(chosen: pd.DataFrame, setting: str) -> str:
             parts.append(resolve_model_name(first["model"], shape))
         except (KeyError, ValueError):
             parts.append(first["model"])
+        width = first.get("model_width")
+        if width is not None and pd.notna(width) and width != 1:
+            parts[-1] += f" at width {width:g}"
     if pd.notna(first.get("num_clients")):
         images = first.get("samples_per_client")
         parts.append(f"{int(first['num_clients'])} clients" + (f" x {int(images)} images" if pd.notna(images) else ""))

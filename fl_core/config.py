@@ -47,7 +47,7 @@ LR_SCHEDULES = ("constant", "exp", "multistep")
 MOMENTUM_SCOPES = ("epoch", "round")
 BN_STATS = ("global", "local")
 # Models whose state holds running statistics (BatchNorm's running mean and variance), the entries
-# `bn_stats` is about; `tests/test_models.py` checks this against the built models.
+# `bn_stats` is about; `tests/test_bn_stats.py` checks this against the built models.
 RUNNING_STATS_MODELS = ("resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 DEVICES = ("cpu", "cuda", "auto")
 

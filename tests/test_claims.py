@@ -34,13 +34,13 @@ def trial(method: str, seed: int, acc: float, stage: str, setting: str = SETTING
             "acc_val_mean": acc, "status": "COMPLETED", "stage": stage, "config_hash": f"{method}|{seed}|{stage}"}
 
 
-def write_sweep(folder, accuracy: dict[str, np.ndarray], study: str = STUDY, fair: bool = True):
+def write_sweep(folder, accuracy: dict[str, np.ndarray], study: str = STUDY, fair: bool = True, **columns):
     """A sweep of `study`: per method its confirmed accuracy on seeds 1..n; with `fair`, each
     method also has a selection-stage trial on seed 0 (accuracy 0.99, which must never count)."""
     rows = [trial(m, seed, acc, "confirm") for m, values in accuracy.items() for seed, acc in enumerate(values, 1)]
     rows += [trial(m, 0, 0.99, "select") for m in accuracy] if fair else []
     folder.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(folder / "trials.parquet", index=False)
+    pd.DataFrame(rows).assign(**columns).to_parquet(folder / "trials.parquet", index=False)
     (folder / "study.toml").write_text((REPO / "studies" / f"{study}.toml").read_text())
     return folder
 
@@ -70,6 +70,8 @@ def test_a_row_names_its_source_the_scale_it_ran_at_and_what_differs_from_the_pa
     row = judged(tmp_path, {"FedSelect": BASE + BETTER, "FedAvg": BASE}, [claim]).iloc[0]
     assert row["source"] == "FedSelect (CVPR 2024), Table 1"
     assert row["scale"] == "fmnist, lenet, 10 clients x 100 images"  # `auto` resolved for 28x28 images
+    wide = judged(tmp_path / "wide", {"FedSelect": BASE + BETTER, "FedAvg": BASE}, [claim], model_width=2.0).iloc[0]
+    assert wide["scale"] == "fmnist, lenet at width 2, 10 clients x 100 images"
     assert row["differs"].startswith("Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18")
     page = to_markdown(pd.DataFrame([row]))
     assert "| Source |" in page and "| FedSelect (CVPR 2024), Table 1 |" in page and row["differs"] in page

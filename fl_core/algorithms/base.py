@@ -261,7 +261,7 @@ class Algorithm:
 
     def statistics_bytes(self) -> int:
         """Bytes of one copy of the running statistics the server averages (0 under "local")."""
-        return sum(self.numels_of_statistics) * BYTES_PER_ENTRY if self.statistic_names else 0
+        return sum(self.numels_of_statistics) * BYTES_PER_ENTRY
 
     def receive_statistics(self, client: ClientState) -> None:
         """Write the server's running statistics into the client (nothing under bn_stats = "local")."""
