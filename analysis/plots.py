@@ -60,22 +60,30 @@ def _band(ax, x, mean, std, label, color):
     ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2)
 
 
-def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
+def plot_per_setting(stats: pd.DataFrame, mean: str, std: str, ylabel: str, title: str, out: Path,
+                     name: str) -> list[Path]:
+    """One panel per data setting, one band (mean ± std over seeds) per method against the round;
+    rounds where `mean` is NaN (not evaluated) have no point."""
     settings = sorted(stats["setting"].unique())
     colors = method_colors(stats["method"])
     fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
     for ax, setting in zip(axes[0], settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
-            group = group[group["acc_mean_mean"].notna()]  # rounds without evaluation have no point
-            _band(ax, group["round"], group["acc_mean_mean"], group["acc_mean_std"], method, colors[method])
+            group = group[group[mean].notna()]
+            _band(ax, group["round"], group[mean], group[std], method, colors[method])
         ax.set(title=setting, xlabel="round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("accuracy (mean over clients)")
-    fig.suptitle("Accuracy vs round (mean ± std over seeds)")
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title)
     fig.tight_layout()
-    return save_figure(fig, out, "accuracy_vs_round")
+    return save_figure(fig, out, name)
+
+
+def plot_accuracy(stats: pd.DataFrame, out: Path) -> list[Path]:
+    return plot_per_setting(stats, "acc_mean_mean", "acc_mean_std", "accuracy (mean over clients)",
+                            "Accuracy vs round (mean ± std over seeds)", out, "accuracy_vs_round")
 
 
 def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
@@ -109,20 +117,8 @@ def plot_mask_churn(rounds: pd.DataFrame, trials: pd.DataFrame, out: Path) -> li
     churn = rounds.groupby(["config_hash", "round"])["mask_churn"].mean().dropna().reset_index()
     churn = churn.merge(chosen_trials(trials)[["config_hash", "setting", "method"]], on="config_hash")
     stats = churn.groupby(["setting", "method", "round"])["mask_churn"].agg(["mean", "std"]).fillna(0.0).reset_index()
-    settings = sorted(stats["setting"].unique())
-    colors = method_colors(stats["method"])
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False, sharey=True)
-    for ax, setting in zip(axes[0], settings):
-        for method, group in stats[stats["setting"] == setting].groupby("method"):
-            _band(ax, group["round"], group["mean"], group["std"], method, colors[method])
-        ax.set(title=setting, xlabel="round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("share of mask entries changed")
-    fig.suptitle("Mask churn vs round (mean over clients; mean ± std over seeds)")
-    fig.tight_layout()
-    return save_figure(fig, out, "mask_churn")
+    return plot_per_setting(stats, "mean", "std", "share of mask entries changed",
+                            "Mask churn vs round (mean over clients; mean ± std over seeds)", out, "mask_churn")
 
 
 def _pick_mask_trial(masks: pd.DataFrame, trials: pd.DataFrame) -> str:
