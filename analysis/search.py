@@ -83,7 +83,11 @@ def best_per_cell(trials: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     cells, stage, late, keys = cell_columns(trials), stage_column(trials), unfinished(trials), config_keys(trials)
     knobs, rows = searched_knobs(select, cells), []
-    for key, part in _cells(select, cells):
+    # a study that tunes several methods (`tune`) searched each apart: one row per (cell, method)
+    per_method = bool((select.groupby(cells)["method"].nunique() > 1).any())
+    groups = [*cells, "method"] if per_method else cells
+    for key, part in _cells(select, groups):
+        key = key[:len(cells)]
         row = dict(zip(cells, key)) | {"objective": selection_objective(part), "trials": len(part), "note": "",
                                        "completed": int((part["status"] == "COMPLETED").sum()),
                                        "stopped": int((part["status"] == "STOPPED").sum())}
@@ -98,9 +102,9 @@ def best_per_cell(trials: pd.DataFrame) -> pd.DataFrame:
             here = pd.concat([trials[c] == v for c, v in zip(cells, key)], axis=1).all(axis=1)
             mine = trials[(stage == CONFIRM) & (keys == keys[best])]
             own_seed = "search_seed" in trials and pd.notna(trials.at[best, "search_seed"])
-            groups = {SELECTED: mine if own_seed else pd.concat([trials.loc[[best]], mine])}
-            groups |= dict(list(trials[here & (stage == ANCHOR)].groupby("method")))
-            row |= _compare(groups, late, elsewhere=mine.empty and bool((here & (stage == CONFIRM)).any()))
+            compared = {SELECTED: mine if own_seed else pd.concat([trials.loc[[best]], mine])}
+            compared |= dict(list(trials[here & (stage == ANCHOR)].groupby("method")))
+            row |= _compare(compared, late, elsewhere=mine.empty and bool((here & (stage == CONFIRM)).any()))
         rows.append(row)
     return pd.DataFrame(rows)
 

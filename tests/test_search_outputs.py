@@ -220,3 +220,20 @@ def test_a_cell_whose_select_trials_all_stopped_has_no_choice(tmp_path):
     latex = search.search_table_latex(best.reset_index(), "acc_val_mean")
     assert f"No completed selection trial: {SHARDS}." in latex and r"$^\dagger$" not in latex
     assert [p.name for p in search.plot_search(trials, tmp_path)] == ["search_history.png", "search_history.pdf"]
+
+
+def test_a_tuned_study_gets_one_row_per_method_searched_in_a_setting():
+    """Under `tune` every method has its own select stage: its best is chosen among its own trials
+    (FedAvg's lr 0.2 here, though a FedSelect trial has a higher validation accuracy)."""
+    trials = study()
+    fedavg = [row(SHARDS, "select", 0, "fedavg", val=v, acc=v - 0.05) | {"lr": lr}
+              for lr, v in ((0.01, 0.60), (0.2, 0.72), (0.05, 0.65))]
+    fedavg = pd.DataFrame(fedavg).assign(started_at=1000.0 + np.arange(3), trial_id=["f0", "f1", "f2"],
+                                         config_hash=["fa0", "fa1", "fa2"])
+    best = search.best_per_cell(pd.concat([trials, fedavg], ignore_index=True))
+    shards = best[best["setting"] == SHARDS].set_index("method")
+    assert sorted(shards.index) == ["FedAvg", "FedSelect"]
+    assert shards.at["FedAvg", "lr"] == 0.2 and shards.at["FedAvg", "trials"] == 3
+    assert (shards.at["FedSelect", "pers_rate"], shards.at["FedSelect", "pers_limit"]) == BEST[SHARDS]
+    assert shards.at["FedSelect", "trials"] == len(SELECT[SHARDS])
+    assert list(best[best["setting"] == DIR]["method"]) == ["FedSelect"]  # one method searched there
