@@ -258,6 +258,17 @@ def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str
                            position_float="centering", column_format="l" + "c" * len(cells.columns))
 
 
+def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
+    """Cell texts (None for "--") as a Markdown table, the cells where `bold` is True in **bold**,
+    the columns' name heading the row labels, then the caption as a paragraph."""
+    text = cells.fillna(MISSING).astype(str)
+    text = text.where(~bold.to_numpy(), "**" + text + "**")
+    header = [cells.columns.name or "", *map(str, cells.columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([str(label), *row]) + " |" for label, row in zip(text.index, text.to_numpy().tolist())]
+    return "\n".join(lines) + f"\n\n{caption}\n"
+
+
 def _latex_text(text: str) -> str:
     """Plain caption text made LaTeX-safe (±, α, †, the significance marks become math)."""
     text = str(text)

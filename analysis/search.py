@@ -30,7 +30,7 @@ from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys,
                      selection_rows, settings_order, stage_column)
 from .figures import method_colors, save_figure
 from .load import load_trials, unfinished
-from .render import DAGGER, Table, frame_latex, rounds_reached
+from .render import DAGGER, Table, frame_latex, frame_markdown, rounds_reached
 
 OBJECTIVES = {"acc_val_mean": "validation accuracy", "acc_mean": "test accuracy"}
 NAMES = KNOB_SYMBOLS | {"local_epochs": "epochs"}
@@ -138,11 +138,26 @@ def search_table_latex(df: pd.DataFrame, objective: str) -> str:
     """`best_per_cell` as a booktabs table (analysis.render.frame_latex): per cell the chosen
     configuration, its objective and test accuracy on the select seed, the select trials, and
     the chosen configuration beside the anchors over seeds (the best of each row in bold)."""
+    text, bold, caption = search_table_frame(df, objective, pm=r"$\pm$", dagger=r"$^\dagger$")
+    return frame_latex(text, bold, caption, "search_best")
+
+
+def search_table_markdown(df: pd.DataFrame, objective: str) -> str:
+    """The same table in Markdown (analysis.render.frame_markdown), for the docs."""
+    text, bold, caption = search_table_frame(df, objective)
+    return frame_markdown(text, bold, caption)
+
+
+def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
+                       dagger: str = DAGGER) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The search table's cell texts, where they are bold, and its caption (plain text)."""
     df = df.assign(**{c: np.nan for c in ("method", "objective_value", "select_acc", "select_seed") if c not in df})
     cells = [c for c in ("setting", "local_epochs") if c in df]
     compared = [c.removesuffix("_mean") for c in df.columns if c.endswith("_mean")]
     seed = int(df["select_seed"].dropna().iloc[0]) if df["select_seed"].notna().any() else 0
     index = [_label(tuple(key)) for key in df[cells].itertuples(index=False)]
+    if len(set(index)) < len(index):  # several methods searched per setting (`tune`): a row each
+        index = [f"{label} / {_text(method)}" for label, method in zip(index, df["method"])]
     text = pd.DataFrame({"method": [_text(m) for m in df["method"]]}, index=index)
     for knob in [k for k in config_knobs(df.columns) if k not in cells]:
         text[NAMES.get(knob, knob)] = [_text(v, ".3g", 1.0) for v in df[knob]]
@@ -162,12 +177,16 @@ def search_table_latex(df: pd.DataFrame, objective: str) -> str:
                    for part in ("mean", "std", "n", "marked")]
         table = Table("search_best", numbers[0], numbers[1], numbers[2].fillna(0).astype(int),
                       marked=numbers[3].fillna(False).astype(bool))
-        text = text.join(table.cells(pm=r"$\pm$", dagger=r"$^\dagger$"))
+        text = text.join(table.cells(pm=pm, dagger=dagger))
         shown = (100 * numbers[0]).round(1)
-        bold = bold.join(shown.eq(shown.max(axis=1), axis=0) & shown.notna())
-        caption.append(f"Test accuracy (%) at the final round; {SELECTED} and anchors: mean ± std over seeds "
-                       f"{_seeds(set().union(*df['seeds'].dropna()))} (seed {seed} of the {SELECTED} configuration "
-                       f"is its selection run); best of each row in bold"
+        several = len(compared) > 1   # a row to compare within: the selected configuration and anchors
+        bold = bold.join(shown.eq(shown.max(axis=1), axis=0) & shown.notna() & several)
+        seeds = set().union(*df["seeds"].dropna())
+        caption.append(f"Test accuracy (%) at the final round; {SELECTED}{' and anchors' if several else ''}: "
+                       f"mean ± std over seeds {_seeds(seeds)}"
+                       + (f" (seed {seed} of the {SELECTED} configuration is its selection run)" if seed in seeds else
+                          f", not the search seed {seed}")
+                       + ("; best of each row in bold" if several else "")
                        + ("." if table.seeds_uniform() else "; (n=k): over k seeds."))
     else:
         caption.append(f"Test accuracy (%) at the final round of seed {seed} only: no confirmation runs yet.")
@@ -179,7 +198,7 @@ def search_table_latex(df: pd.DataFrame, objective: str) -> str:
     if not chosen.all():
         caption.append(f"No completed selection trial: {', '.join(np.array(index)[~chosen])}.")
     text.columns.name = "data setting" + (", epochs" if len(cells) > 1 else "")
-    return frame_latex(text, bold, " ".join(caption), "search_best")
+    return text, bold, " ".join(caption)
 
 
 def _space(values: pd.Series):
@@ -281,12 +300,15 @@ def plot_search(trials: pd.DataFrame, out_dir) -> list[Path]:
     return save_figure(fig, Path(out_dir), "search_history")
 
 
-def write_search_table(trials: pd.DataFrame, out) -> Path:
-    """`<out>/search_best.tex`; its caption warns when any cell was selected on test accuracy."""
+def write_search_table(trials: pd.DataFrame, out, markdown: bool = False) -> Path:
+    """`<out>/search_best.tex` (and with `markdown` its twin `search_best.md`); its caption warns
+    when any cell was selected on test accuracy."""
     best, path = best_per_cell(trials), Path(out) / "search_best.tex"
+    objective = "acc_mean" if (best["objective"] == "acc_mean").any() else str(best["objective"].iloc[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(search_table_latex(best, "acc_mean" if (best["objective"] == "acc_mean").any()
-                                       else str(best["objective"].iloc[0])))
+    path.write_text(search_table_latex(best, objective))
+    if markdown:
+        path.with_suffix(".md").write_text(search_table_markdown(best, objective))
     return path
 
 

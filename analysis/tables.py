@@ -305,7 +305,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
     written = {}
     if which == "auto" and not selection_rows(trials).empty:
-        written["search_best"] = write_search_table(trials, out)
+        written["search_best"] = write_search_table(trials, out, markdown)
     fedl2p = fedl2p_wanted(trials)
     generic = trials[~personalizing(trials)] if fedl2p else trials  # their e would be pooled: fedl2p.tex
     skip = which in ROUND_TABLES or (written and final_rows(trials).empty) or (which == "auto" and generic.empty)

@@ -237,3 +237,16 @@ def test_a_tuned_study_gets_one_row_per_method_searched_in_a_setting():
     assert (shards.at["FedSelect", "pers_rate"], shards.at["FedSelect", "pers_limit"]) == BEST[SHARDS]
     assert shards.at["FedSelect", "trials"] == len(SELECT[SHARDS])
     assert list(best[best["setting"] == DIR]["method"]) == ["FedSelect"]  # one method searched there
+    page = search.search_table_markdown(best, "acc_val_mean")
+    assert f"| {SHARDS} / FedAvg | FedAvg |" in page and f"| {SHARDS} / FedSelect | FedSelect |" in page
+    assert page.startswith("| data setting |") and page.count("\n| ") == len(best)  # a row per (setting, method)
+
+
+def test_the_markdown_twin_is_written_beside_the_latex_and_bolds_nothing_without_a_row_to_compare(tmp_path):
+    trials = study()
+    only = trials[trials["stage"] != "anchor"]  # the selected configuration alone in each row
+    search.write_search_table(only, tmp_path, markdown=True)
+    page = (tmp_path / "search_best.md").read_text()
+    assert (tmp_path / "search_best.tex").is_file() and "**" not in page and "best of each row" not in page
+    search.write_search_table(trials, tmp_path, markdown=True)
+    assert "**" in (tmp_path / "search_best.md").read_text()   # beside the anchors the best is bold
