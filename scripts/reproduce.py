@@ -100,7 +100,7 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
     if name == "claims":
         fresh, written = [], {"claims.md": claims_table(folders, keep_not_run=True)}
     else:
-        # every table has its Markdown twin but search_best (LaTeX only; search_history.png shows the search)
+        # the Markdown twin of every LaTeX table written (a table without one is left out, not an error)
         fresh = [md for tex in build_tables(folders, recipe.table, markdown=True).values()
                  if (md := tex.with_suffix(".md")).is_file()]
         if recipe.figures:
