@@ -26,7 +26,7 @@ from .algorithms import ALGORITHMS, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
-from .models import WIDTH_MODELS
+from .models import RUNNING_STATS_MODELS, WIDTH_MODELS
 from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, knob, knob_fields, normalise,
                     search_spaces)
 
@@ -46,9 +46,6 @@ EVAL_MODELS = ("all", "acc")
 LR_SCHEDULES = ("constant", "exp", "multistep")
 MOMENTUM_SCOPES = ("epoch", "round")
 BN_STATS = ("global", "local")
-# Models whose state holds running statistics (BatchNorm's running mean and variance), the entries
-# `bn_stats` is about; `tests/test_bn_stats.py` checks this against the built models.
-RUNNING_STATS_MODELS = ("resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 DEVICES = ("cpu", "cuda", "auto")
 
 __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]

@@ -137,6 +137,9 @@ def resolve_model_name(name: str, input_shape: tuple[int, int, int]) -> str:
 # the `model_width` knob).
 WIDTH_MODELS = ("lenet", "cnn2", "cnn_bn", "lenet_bn")
 MAX_WIDTH = 4.0
+# The models whose state holds running statistics (BatchNorm's running mean and variance), the
+# entries `bn_stats` is about; `tests/test_bn_stats.py` checks this against the built models.
+RUNNING_STATS_MODELS = ("resnet18_cifar", "resnet18", "cnn_bn", "lenet_bn", "preresnet18", "mobilenet_cifar")
 
 
 def scaled(channels: int, width: float) -> int:

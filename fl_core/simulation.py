@@ -171,8 +171,7 @@ class Simulation:
             t0 = time.perf_counter()
             client, d = clients[k], data[k]
             if server and not self.synced[k]:  # missed broadcasts: download the current model first
-                download(algo, client)
-                down[k] += algo.sent_bytes(client) + algo.statistics_bytes()
+                down[k] += download(algo, client)
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
             losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
@@ -258,8 +257,7 @@ class Simulation:
                              extra=dict(client.extra))
         down = 0
         if algo.communicates:
-            download(algo, joined)
-            down = algo.sent_bytes(joined) + algo.statistics_bytes()
+            down = download(algo, joined)
         stats = algo.local_update(k, joined, d, rnd)
         acc_local, val_local = self._scores(joined.state, d)
         acc_global, val_global = acc_local, val_local
@@ -362,11 +360,12 @@ def _caught_up(algo, client: ClientState) -> ClientState:
     return copy
 
 
-def download(algo, client: ClientState) -> None:
+def download(algo, client: ClientState) -> int:
     """The client takes the server's current broadcast: the shared parameters (`receive`) and,
-    under bn_stats = "global", the running statistics."""
+    under bn_stats = "global", the running statistics. Returns the bytes it received."""
     algo.receive(client)
     algo.receive_statistics(client)
+    return algo.sent_bytes(client) + algo.statistics_bytes()
 
 
 def _checked_metrics(method: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fl_core.algorithms.base import BYTES_PER_ENTRY
-from fl_core.config import RUNNING_STATS_MODELS, MODELS, RunConfig
+from fl_core.config import MODELS, RunConfig
 from fl_core.knobs import ConfigError
-from fl_core.models import build_model
+from fl_core.models import RUNNING_STATS_MODELS, build_model
 from fl_core.simulation import Simulation
 
 from conftest import tiny

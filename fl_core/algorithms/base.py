@@ -131,10 +131,8 @@ class Algorithm:
         self.global_state: State = {}
         self.clients_info: list[ClientInfo] = []
         # BatchNorm running statistics the server averages (bn_stats = "global"), else none
-        buffers = dict(trainer.model.named_buffers())
-        self.statistic_names = ([n for n, b in buffers.items() if b.is_floating_point()]
+        self.statistic_names = ([n for n, b in trainer.model.named_buffers() if b.is_floating_point()]
                                 if config.bn_statistics() == "global" and self.has_server() else [])
-        self.numels_of_statistics = [buffers[n].numel() for n in self.statistic_names]
 
     # ================================================================ hooks: set-up
     @classmethod
@@ -261,7 +259,7 @@ class Algorithm:
 
     def statistics_bytes(self) -> int:
         """Bytes of one copy of the running statistics the server averages (0 under "local")."""
-        return sum(self.numels_of_statistics) * BYTES_PER_ENTRY
+        return sum(self.global_state[n].numel() for n in self.statistic_names) * BYTES_PER_ENTRY
 
     def receive_statistics(self, client: ClientState) -> None:
         """Write the server's running statistics into the client (nothing under bn_stats = "local")."""
