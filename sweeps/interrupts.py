@@ -166,5 +166,9 @@ def while_starting() -> None:
 def pause_for_tests(point: str) -> None:
     """Test hook: sleep at `point` when SWEEPS_TEST_PAUSE names it (see the module docstring)."""
     if os.environ.get(TEST_PAUSE) == point:
+        end = time.monotonic() + float(os.environ.get("SWEEPS_TEST_PAUSE_SECONDS", "300"))
         print(f"[sweep] test hook: paused before {point}", flush=True)
-        time.sleep(float(os.environ.get("SWEEPS_TEST_PAUSE_SECONDS", "300")))
+        # Short sleeps: a signal that lands after the print but before a sleep starts (no EINTR to
+        # wake it) is still handled within 50 ms, at the loop's next turn, not after the whole pause.
+        while time.monotonic() < end:
+            time.sleep(0.05)
