@@ -11,16 +11,22 @@ as a round's local update (`local_epochs`) with the training optimizer (`lr` of 
 `momentum`). A fine-tuning budget below the local update's would hand FedAvg+FT less local
 adaptation than every personalized method gets each round (with 1 epoch at lr 0.1 after 5-epoch
 rounds, some digits clients collapse to one class: 0.912 vs 0.987 on 2 shards per client).
+
+`weak_epochs` holds FedAvg+FT (and FedBABU, FedProx, FedNova) to the devices' limits of
+PerFedMask's comparison: a device below full width runs ⌈E·f⌉ of the E local epochs
+(fl_core/devices.py), as the PerFedMask authors run their full-model baselines.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..client_state import ClientState
 from ..data import ClientData
+from ..devices import WeakDeviceParams
 from ..knobs import MethodParams, knob
 from ..training import State, UpdateSpec
-from .base import Algorithm
+from .base import Algorithm, ClientInfo, LocalStats
 
 
 @dataclass(frozen=True)
@@ -54,14 +60,50 @@ class FineTuneProtocol:
         return epochs, lr, momentum
 
 
+@dataclass(frozen=True)
+class LimitedFineTuneParams(FineTuneParams, WeakDeviceParams):
+    """Fine-tuning, and the devices' limits on the local epochs (PerFedMask's full-model baselines)."""
+
+
 class FineTuning(Algorithm):
     """Shared by the methods that fine-tune a copy of the client's model for evaluation."""
 
     Params = FineTuneParams
+    device_ratios: list[float] | None = None  # each device's width ratio, under `weak_epochs` only
     acc_from = "custom"
     evaluates = "fine-tuned copy (acc_global: before fine-tuning)"
     protocol = FineTuneProtocol()
     reports_cost = True  # PerFedMask's tables compare the fine-tuned methods' trainable parameters and FLOPs
+
+    def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
+        limits = self.params if isinstance(self.params, WeakDeviceParams) else None
+        self.device_ratios = (limits.ratios(len(clients), [info.profile for info in clients])
+                              if limits is not None and limits.weak_epochs is not None else None)
+        return super().setup(init, clients)
+
+    def epochs_of(self, k: int, rnd: int) -> int:
+        """Client k's local epochs in round `rnd`: `local_epochs`, or fewer on a device below full
+        width under `weak_epochs` (fl_core/devices.py)."""
+        if self.device_ratios is None:
+            return self.config.local_epochs
+        return self.params.epochs(self.config.local_epochs, self.device_ratios[k])
+
+    def device_metrics(self, k: int, epochs: int) -> dict[str, float]:
+        """Under `weak_epochs`, each row's device: its width `ratio` and the local epochs it ran."""
+        if self.device_ratios is None:
+            return {}
+        return {"ratio": self.device_ratios[k], "epochs_run": float(epochs)}
+
+    def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
+        return self.limited_update(k, client, data, rnd, self.full_update())
+
+    def limited_update(self, k: int, client: ClientState, data: ClientData, rnd: int, update: UpdateSpec,
+                       **options) -> LocalStats:
+        """`epochs_of(k, rnd)` epochs changing `update`, the device's metrics in the rows."""
+        epochs = self.epochs_of(k, rnd)
+        stats = self.run_epochs(k, client, data, rnd, epochs, update, **options)
+        stats.metrics |= self.device_metrics(k, epochs)
+        return stats
 
     def fine_tuned_entries(self, k: int) -> UpdateSpec:
         """What fine-tuning changes: every parameter (HeteroFL: the client's slice)."""
@@ -90,4 +132,5 @@ class FineTuning(Algorithm):
 class FedAvgFT(FineTuning):
     name = "fedavg_ft"
     display = "FedAvg+FT"
+    Params = LimitedFineTuneParams
     default_bn_stats = "global"  # FedAvg's global model, statistics included, is what is fine-tuned
