@@ -220,7 +220,9 @@ def seeds_diverged(diverged: int, seeds: int) -> str:
 
 
 REPORTED_TEXT = {"last": "at the final round (report_round = last)",
-                 "best_val": "at each run's round with the best mean validation accuracy (report_round = best_val)"}
+                 "best_val": "at each run's round with the best mean validation accuracy (report_round = best_val)",
+                 "best_val_global": "at each run's round with the best mean validation accuracy before fine-tuning "
+                                    "(report_round = best_val_global)"}
 
 
 def reported_round_text(trials: pd.DataFrame) -> str:

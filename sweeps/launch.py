@@ -362,7 +362,8 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         else:
             how = ("declared configuration (run on the most seeds; ties: the first of its grid), as the tables "
                    "show it: no validation split to select on, and test accuracy never selects")
-        when = "at each run's best-validation round" if plan.spec.report_round == "best_val" else "final"
+        when = {"last": "final", "best_val": "at each run's best-validation round",
+                "best_val_global": "at each run's best-validation round before fine-tuning"}[plan.spec.report_round]
         print(f"[sweep] per data setting, each method's {how}; {when} mean personalized test accuracy over clients, "
               f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds; diverged runs left out); "
               f"completed trials only:")

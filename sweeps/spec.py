@@ -3,7 +3,7 @@
     name = "fedselect_grid"                  # MLflow experiment and sweep-name prefix
     description = "FedSelect grid ..."
     seeds = [0, 1, 2]                        # one trial per seed and configuration
-    report_round = "last"                    # or "best_val": each run's round with the best mean
+    report_round = "last"                    # or "best_val" / "best_val_global": each run's round with the best mean
                                              # validation accuracy (needs val_fraction > 0)
 
     [search]

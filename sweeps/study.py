@@ -177,8 +177,9 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                      help=f"the seed a search or scheduler selects on; never one of --seeds, never reported "
                           f"(default: {spec.search_seed})")
     run.add_argument("--report-round", choices=REPORT_ROUNDS, default=argparse.SUPPRESS,
-                     help="which round each trial reports: last, or best_val (its round with the best mean "
-                          f"validation accuracy, as some papers report; needs --val-fraction) (default: "
+                     help="which round each trial reports: last, best_val (its round with the best mean "
+                          "validation accuracy, as some papers report) or best_val_global (the same, of the model "
+                          f"before fine-tuning, as PerFedMask's authors); both need --val-fraction (default: "
                           f"{spec.report_round})")
     run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
                      help=f"asha: stop poor configurations early, per data setting and method, on validation "
@@ -259,10 +260,10 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     stages = plan_stages(spec)
     configs = [c for stage in stages for _, c in stage.configs]
     validate_trials(configs)
-    if spec.report_round == "best_val" and any(c.val_fraction <= 0 for c in configs):
-        raise SweepError("report_round = best_val reports each run's round with the best mean validation accuracy, "
-                         "and these trials have no validation split; give --val-fraction 0.1 (or val_fraction in "
-                         "the study's [knobs])")
+    if spec.report_round != "last" and any(c.val_fraction <= 0 for c in configs):
+        raise SweepError(f"report_round = {spec.report_round} reports each run's round with the best mean validation "
+                         "accuracy, and these trials have no validation split; give --val-fraction 0.1 (or "
+                         "val_fraction in the study's [knobs])")
     named = tuple(dict.fromkeys([k for m in spec.methods for k in m.knobs]
                                 + [k for stage in stages for k in stage.domains]))
     compared = [c for stage in stages if stage.kind != "pretrain" for _, c in stage.configs]  # a pretraining's
