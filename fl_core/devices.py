@@ -96,6 +96,22 @@ class DeviceParams(MethodParams):
         return out
 
 
+SCORE_WIDTHS = ("device", "full")
+
+
+@dataclass(frozen=True)
+class WidthScoringParams(DeviceParams):
+    """Which width scores a device in a method that trains sub-models (HeteroFL, Split-Mix)."""
+
+    score_width: str = knob("device", "which model scores a device: device = its own width (its slice, its mix of "
+                            "bases), as it could run it; full = the full-width global model, fine-tuned whole (the "
+                            "PerFedMask authors' scoring), the device's own score then in acc_device",
+                            choices=SCORE_WIDTHS, added=True)
+
+    def label_parts(self) -> list[str]:
+        return super().label_parts() + (["full width"] if self.score_width == "full" else [])
+
+
 @dataclass(frozen=True)
 class WeakDeviceParams(DeviceParams):
     """The device limits of a method that trains the whole model on every device (see the module

@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import models
 from ..client_state import ClientState
 from ..data import ClientData
 from ..devices import WeakDeviceParams
-from ..knobs import MethodParams, knob
+from ..knobs import ConfigError, MethodParams, knob
 from ..training import State, UpdateSpec
 from .base import Algorithm, ClientInfo, LocalStats
 
@@ -117,6 +118,11 @@ class FineTuning(Algorithm):
         return self.protocol.resolve(self.params, self.config.local_epochs)
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+        return self.fine_tuned(k, client, data, rnd, self.fine_tuned_entries(k), self.fine_tune_options(k))
+
+    def fine_tuned(self, k: int, client: ClientState, data: ClientData, rnd: int, entries: UpdateSpec,
+                   extra: dict) -> State:
+        """A copy of `client`'s model after fine-tuning `entries` (`extra`: more `train_pass` options)."""
         epochs, lr, momentum = self.fine_tune_settings()
         if epochs == 0:  # the un-tuned model (PerFedMask's baselines unless a study fine-tunes them)
             return client.state
@@ -124,9 +130,42 @@ class FineTuning(Algorithm):
         options = {"momentum": self.config.momentum if momentum is None else momentum}
         if lr is not None:  # else the round's scheduled training lr
             options["lr"] = lr
-        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune",
-                        **options, **self.fine_tune_options(k))
+        self.run_epochs(k, tuned, data, rnd, epochs, entries, purpose="finetune", **options, **extra)
         return tuned.state
+
+
+class WidthScoring(FineTuning):
+    """A method whose devices train sub-models of one global model (HeteroFL's slices, Split-Mix's
+    bases), scored by default at the device's own width. Under `score_width = "full"` (the
+    PerFedMask authors' scoring of both) `acc` is the full-width global model fine-tuned whole,
+    and the device's own fine-tuned sub-model is the row's `acc_device`; `acc_global` stays the
+    device's sub-model before fine-tuning. A full-width model with BatchNorm would score channels
+    whose running statistics no device gathered for it (the authors gather static statistics
+    after training): a ConfigError."""
+
+    def __init__(self, config, trainer, model_name: str) -> None:
+        super().__init__(config, trainer, model_name)
+        self.device_scores: dict[int, float] = {}
+        if self.params.score_width == "full" and model_name in models.RUNNING_STATS_MODELS:
+            raise ConfigError(f"score_width='full' is not allowed with model {model_name!r}: its BatchNorm running "
+                              f"statistics of the channels outside a device's width were never gathered; use a "
+                              f"model without BatchNorm (e.g. lenet) or score_width='device'")
+
+    def full_width(self, client: ClientState) -> tuple[ClientState, UpdateSpec, dict]:
+        """The full-width global model as client `client` would hold it, what fine-tuning it
+        changes, and its extra `train_pass` options."""
+        raise NotImplementedError
+
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+        device = super().personalized_model(k, client, data, rnd)
+        if self.params.score_width == "device":
+            return device
+        self.device_scores[k] = self.trainer.evaluate(device, data.x_test, data.y_test) / data.n_test
+        full, entries, extra = self.full_width(client)
+        return self.fine_tuned(k, full, data, rnd, entries, extra)
+
+    def evaluation_metrics(self, k: int, client: ClientState, data: ClientData) -> dict[str, float]:
+        return {"acc_device": self.device_scores.pop(k)} if k in self.device_scores else {}
 
 
 class FedAvgFT(FineTuning):
