@@ -65,7 +65,7 @@ from fl_core.results import KNOB_SYMBOLS
 
 from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
 from .load import DamagedFile, is_gradselect, load_trials, reported_rounds
-from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
+from .render import MISSING, UNFINISHED, Table, format_cell, latex_label, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
 
 METHODS_REFERENCES = ("FedAvg", "Local")  # the FedSelect paper's Table 1 baselines
@@ -317,7 +317,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
         table.finals = finals
         summaries.append(table.verdict().summary(name))
         path = out / f"{name}.tex"
-        path.write_text(to_latex(table))
+        path.write_text(to_latex(table, latex_label(name, trials)))
         written[name] = path
         if markdown:
             path.with_suffix(".md").write_text(to_markdown(table))
