@@ -27,7 +27,7 @@ import pandas as pd
 from fl_core import kernels
 from fl_core.data import load_data
 
-from . import damage, resources
+from . import damage, parquet_sink, resources
 from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
@@ -181,6 +181,8 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     with guard.hold(then_raise=False):  # the results are written whatever comes now
         trials, rows = trials_table(plan, ran + repaired, interrupted=stopped is not None,
                                     selected=set(winners(finished)))
+        if stopped is None:  # every stage ran: one schema per folder for any Parquet reader
+            parquet_sink.unify_schema(folder)
         _summary(plan, trials, rows, elapsed, stopped)
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
