@@ -27,8 +27,8 @@ from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, ch
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
 from .models import RUNNING_STATS_MODELS, WIDTH_MODELS
-from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, knob, knob_fields, normalise,
-                    search_spaces)
+from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, did_you_mean, knob, knob_fields,
+                    normalise, search_spaces)
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
 # resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
@@ -312,7 +312,9 @@ def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) 
             raise ConfigError(f"{name} is a knob of {', '.join(owners[name])}, not of {algorithm}; "
                               f"{algorithm}'s own knobs: {', '.join(sorted(own)) or 'none'}")
         known = sorted(set(COMMON_KNOBS) | set(owners))
-        raise ConfigError(f"unknown config key(s) {', '.join(sorted(foreign))}; known keys: {', '.join(known)}")
+        unknown = sorted(foreign)
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}{did_you_mean(unknown[0], known)}; known keys: "
+                          f"{', '.join(known)}")
     return values
 
 

@@ -372,7 +372,7 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
-    print(f"[sweep] MLflow:  {mlflow_command()} ui --backend-store-uri {tracking_uri(plan)}")
+    print(f"[sweep] MLflow:  {mlflow_ui_line(tracking_uri(plan))}")
     from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
     link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
     if link:
@@ -386,6 +386,14 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
               f"kept: free space, then continue with --resume", flush=True)
     if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
         print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
+
+
+def mlflow_ui_line(uri: str) -> str:
+    """How to see the runs: a tracking server shows them itself (its address); a file or database
+    store needs `mlflow ui` started on it."""
+    if uri.startswith(("http://", "https://")):
+        return f"the tracking server's UI at {uri.rstrip('/')} (it already runs)"
+    return f"{mlflow_command()} ui --backend-store-uri {uri}"
 
 
 def mlflow_command() -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
+from fl_core.knobs import OneLineParser
 from fl_core.kernels import OPT_OUT
 from fl_core.results import REPORT_ROUNDS, results_problem
 
@@ -104,7 +105,7 @@ def range_or_value(parse, kind):
 
 def build_parser(study: Study) -> argparse.ArgumentParser:
     spec = load_spec(study.spec)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=f"python {study.script}", description=spec.description,
         usage=f"python {study.script} [--KNOB VALUE [VALUE ...]] ... [--seeds S ...] [--search {{grid,optuna}}] "
               f"[--scheduler {{fifo,asha}}] [--dry-run] [--resume [NAME]] [--name NAME] [--results DIR] [...]",
