@@ -1,5 +1,5 @@
 """FT (BN C), FT (BN G), FT (BN I): fine-tuning a pretrained model, FedL2P's baselines (Lee et al.,
-NeurIPS 2023, Tables 2-5; `../shared/papers/fedl2p_neurips2023.txt`).
+NeurIPS 2023, Tables 2-5).
 
 The run starts from a pretrained model (`pretrained`: a pretraining run's config hash, the first
 stage of the FedL2P study; or `init_weights`) and trains nothing federatedly: every client
