@@ -252,10 +252,9 @@ def known_config_columns() -> frozenset[str]:
     return frozenset(COMMON_KNOBS) | frozenset(knob_owners())
 
 
-def config_columns(config, model: str | None = None) -> dict[str, Any]:
-    """The config columns of every row of a run (see the module docstring); `model`: the model the
-    run resolved (`auto` becomes e.g. lenet), so that every file of a run names the same one."""
-    cols = config.semantic_dict() | ({"model": model} if model is not None else {})
+def config_columns(config) -> dict[str, Any]:
+    """The config columns of every row of a run (see the module docstring)."""
+    cols = config.semantic_dict()
     cols |= {"config_hash": config.config_hash(), "version": __version__, "method": config.label(),
              "setting": setting_label(cols), "data_key": config.data_key()}
     return cols
@@ -267,14 +266,13 @@ def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any
     unknown = sorted(set(context) - ROW_CONTEXT_COLUMNS)
     if unknown:
         raise ValueError(f"context column(s) {', '.join(unknown)} are not in ROW_CONTEXT_COLUMNS")
-    base = config_columns(config, model) | context | {"round_seconds": result.seconds, "lr": result.lr}
+    base = config_columns(config) | context | {"model": model, "round_seconds": result.seconds, "lr": result.lr}
     return [base | row for row in result.rows()]
 
 
 def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
     """One row per client: its realised train, validation and test label histograms."""
-    from .models import resolve_model_name
-    base = config_columns(config, resolve_model_name(config.model, data.input_shape)) | context
+    base = config_columns(config) | context
     rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
                     "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
                     "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
@@ -352,8 +350,7 @@ def trial_row(config, rounds: pd.DataFrame, report_round: str = "last", chance: 
     """One row per trial: config columns, the final round's summary with the accuracies of the
     reported round (`reported_round`; `report_round` names the rule), whether the run diverged
     (`diverged`, `diverged_why`: `divergence`) and `info` (status, wall time, provenance)."""
-    resolved = rounds["model"].iloc[0] if len(rounds) and "model" in rounds else None
-    row = config_columns(config, resolved if isinstance(resolved, str) else None)
+    row = config_columns(config)
     if len(rounds):
         history = summarize_trial(rounds)
         final = dict(history[-1])

@@ -90,14 +90,6 @@ def test_a_trial_reports_its_last_or_its_best_validation_round():
         reported_round(summarize_trial(rounds), "best")
 
 
-def test_a_trial_row_names_the_model_its_rounds_resolved():
-    from fl_core.results import trial_row
-
-    rounds = _rounds([1.0, 0.8], [0.5, 0.6], [0.4, 0.5]).assign(model="lenet")
-    assert RunConfig().model == "auto" and trial_row(RunConfig(rounds=2), rounds)["model"] == "lenet"
-    assert trial_row(RunConfig(rounds=2), rounds.iloc[:0])["model"] == "auto"  # no rounds: nothing resolved yet
-
-
 def test_best_val_global_reports_the_round_the_model_before_fine_tuning_validates_best():
     from fl_core.results import summarize_trial, trial_row
 
