@@ -30,7 +30,7 @@ from fl_core.results import across_seeds
 
 from .common import config_keys, config_knobs, final_rows, trial_curves
 from .load import load_rounds, load_trials
-from .render import frame_latex
+from .render import frame_latex, latex_cells, latex_label
 
 TAIL = 0.2
 
@@ -145,7 +145,7 @@ def write_convergence(paths, out=None, markdown: bool = False, echo: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     path = out / "convergence.tex"
     bold = pd.DataFrame(False, index=cells.index, columns=cells.columns)
-    path.write_text(frame_latex(cells.astype(str), bold, text, "convergence"))
+    path.write_text(frame_latex(latex_cells(cells.astype(str)), bold, text, latex_label("convergence", trials)))
     shown = cells.reset_index()
     md = "| " + " | ".join(shown.columns) + " |\n|" + "---|" * len(shown.columns) + "\n"
     md += "".join("| " + " | ".join(map(str, row)) + " |\n" for row in shown.to_numpy().tolist())

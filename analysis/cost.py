@@ -29,7 +29,7 @@ import pandas as pd
 
 from analysis.common import TableError, chosen_trials, counted, methods_order, selection_phrase, settings_order
 from analysis.load import diverged, load_rounds, reported_rounds, unfinished
-from analysis.render import MISSING, reported_round_text, seeds_diverged, write_grouped_table
+from analysis.render import MISSING, latex_label, reported_round_text, seeds_diverged, write_grouped_table
 from analysis.stats import compare, final_accuracies
 from fl_core.results import across_seeds, setting_label
 
@@ -146,4 +146,4 @@ def write_cost_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, 
     cells, bold, caption, summary = cost_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    return write_grouped_table("cost", cells, bold, caption, out, markdown, echo)
+    return write_grouped_table("cost", cells, bold, caption, out, markdown, echo, latex_label("cost", trials))

@@ -47,7 +47,8 @@ import pandas as pd
 
 from analysis.common import TableError, chosen_key, config_knobs, counted, selection_phrase, settings_order
 from analysis.load import diverged, load_rounds, reported_rounds, unfinished
-from analysis.render import MISSING, format_cell, frame_latex, latex_cells, reported_round_text, unfinished_note
+from analysis.render import (MISSING, format_cell, frame_latex, latex_cells, latex_label, reported_round_text,
+                             unfinished_note)
 from analysis.stats import compare, final_accuracies, reported_rows
 from fl_core.results import MB, across_seeds
 
@@ -62,7 +63,6 @@ UNKNOWN = "not in these results"        # a pretraining whose trial the results 
 LEVELS = {"setting": "Data setting", "pretraining": "Pretraining", "rounds": "Rounds", "pool": "Clients",
           "ft_epochs": "e"}
 POOLS = ("seen", "unseen")
-GREEK = {"β": r"\beta", "η": r"\eta", "λ": r"\lambda"}
 POLICY = {"beta": "β (mean)", "sparsity": "Sparsity (%)", "eta": "η (mean)", "hypergrad": "Hypergrad (s)",
           "lambda_kb": "λ traffic (KB)"}
 
@@ -300,11 +300,7 @@ def row_table_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name:
     """`analysis.render.frame_latex` for a table whose rows have several named levels: one
     left-aligned column per level, their names on the header line."""
     latex = frame_latex(latex_cells(cells), bold, caption, name)
-    for letter, command in GREEK.items():  # method labels and headers (render makes only α math)
-        latex = latex.replace(letter, f"${command}$")
     levels = cells.index.nlevels
-    latex = latex.replace("\\begin{tabular}{l" + "c" * len(cells.columns) + "}",
-                          "\\begin{tabular}{" + "l" * levels + "c" * len(cells.columns) + "}", 1)
     head, rest = latex.split("\\toprule\n", 1)
     lines, body = rest.split("\\midrule\n", 1)
     top, names = (lines.strip().splitlines() + [""])[:2]
@@ -332,12 +328,12 @@ def _key_text(value) -> str:
 
 
 def write_row_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out, markdown: bool = False,
-                    echo: bool = False) -> Path:
+                    echo: bool = False, label: str | None = None) -> Path:
     """Write `<out>/<name>.tex` (and with `markdown` `<out>/<name>.md`); with `echo` print it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.tex"
-    path.write_text(row_table_latex(cells, bold, caption, name))
+    path.write_text(row_table_latex(cells, bold, caption, label or name))
     text = row_table_markdown(cells, bold, caption)
     if markdown:
         path.with_suffix(".md").write_text(text)
@@ -354,8 +350,9 @@ def write_fedl2p_tables(sweeps, trials: pd.DataFrame, out, markdown: bool = Fals
     *table, summary = fedl2p_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    written = {"fedl2p": write_row_table("fedl2p", *table, out, markdown, echo)}
+    written = {"fedl2p": write_row_table("fedl2p", *table, out, markdown, echo, latex_label("fedl2p", trials))}
     chosen, _ = study_trials(trials)
     if chosen["algorithm"].isin(META).any():
-        written["fedl2p_policy"] = write_row_table("fedl2p_policy", *policy_table(sweeps, trials), out, markdown, echo)
+        written["fedl2p_policy"] = write_row_table("fedl2p_policy", *policy_table(sweeps, trials), out, markdown, echo,
+                                                   latex_label("fedl2p_policy", trials))
     return written

@@ -131,7 +131,7 @@ def diverged(frame: pd.DataFrame) -> pd.Series:
 
 
 def report_rules(trials: pd.DataFrame) -> pd.Series:
-    """Each trial's `report_round` (fl_core.results.REPORT_ROUNDS: "last" or "best_val"), "last"
+    """Each trial's `report_round` (fl_core.results.REPORT_ROUNDS: "last", "best_val", ...), "last"
     where the column is missing or empty (sweeps older than it reported their last round)."""
     if "report_round" not in trials:
         return pd.Series("last", index=trials.index, dtype=object)
@@ -139,11 +139,11 @@ def report_rules(trials: pd.DataFrame) -> pd.Series:
 
 
 def reported_rounds(trials: pd.DataFrame) -> dict[str, int]:
-    """config hash -> `reported_round` of each trial whose rule is "best_val" (its accuracies are
+    """config hash -> `reported_round` of each trial whose rule is not "last" (its accuracies are
     those of that round, not of its last one); empty for trials that report their last round."""
     if not {"config_hash", "reported_round"} <= set(trials.columns):
         return {}
-    best = trials[report_rules(trials).eq("best_val") & trials["reported_round"].notna()]
+    best = trials[report_rules(trials).ne("last") & trials["reported_round"].notna()]
     return {h: int(r) for h, r in zip(best["config_hash"], best["reported_round"])}
 
 

@@ -220,7 +220,9 @@ def seeds_diverged(diverged: int, seeds: int) -> str:
 
 
 REPORTED_TEXT = {"last": "at the final round (report_round = last)",
-                 "best_val": "at each run's round with the best mean validation accuracy (report_round = best_val)"}
+                 "best_val": "at each run's round with the best mean validation accuracy (report_round = best_val)",
+                 "best_val_global": "at each run's round with the best mean validation accuracy before fine-tuning "
+                                    "(report_round = best_val_global)"}
 
 
 def reported_round_text(trials: pd.DataFrame) -> str:
@@ -241,21 +243,38 @@ def accuracy_words(reported: str, what: str = "personalized accuracy (%)") -> st
     return f"Final {what}" if not reported else f"{what[0].upper()}{what[1:]} {reported}"
 
 
-def to_latex(table: Table) -> str:
-    """The table as LaTeX: booktabs rules, the bold cells in \\textbf, missing cells "--"."""
+def to_latex(table: Table, label: str | None = None) -> str:
+    """The table as LaTeX: booktabs rules, the bold cells in \\textbf, missing cells "--";
+    labelled `tab:<label>` (default: the table's name; `latex_label` makes it unique)."""
     cells = latex_cells(table.cells())
     cells.columns.name = _latex_text(table.row_title)
-    return frame_latex(cells, table.best_mask(), table.full_caption(), table.name)
+    return frame_latex(cells, table.best_mask(), table.full_caption(), label or table.name)
+
+
+def latex_label(name: str, trials: pd.DataFrame) -> str:
+    """A table's LaTeX label key, unique per table and sweep: `<sweep>:<name>` (sweeps joined by
+    "+" when a table pools several), `name` where the rows name no sweep."""
+    sweeps = sorted(trials["sweep"].dropna().astype(str).unique()) if "sweep" in trials else []
+    key = f"{'+'.join(sweeps)}:{name}" if sweeps else name
+    return re.sub(r"[^A-Za-z0-9:+._-]", "-", key)
+
+
+# What a document needs to \\input any table `analysis` writes (docs/analysis.md shows it; the
+# tests compile every table kind in it): booktabs rules, amssymb's significance marks.
+LATEX_PREAMBLE = "\\documentclass{article}\n\\usepackage{booktabs}\n\\usepackage{amssymb}\n"
 
 
 def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
     """Cell texts (already LaTeX; None for "--") as a booktabs table, the cells where `bold` is
-    True in \\textbf; the row and column labels and the plain-text `caption` are made LaTeX-safe."""
+    True in \\textbf; the row and column labels and the plain-text `caption` are made LaTeX-safe.
+    One left-aligned column per row level, a row label printed once per group without the
+    multirow package (the preamble is `LATEX_PREAMBLE`), labelled `tab:<name>`."""
     styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
         .format_index(_latex_text, axis=1)
     styler = styler.apply(lambda _: np.where(bold.to_numpy(), "font-weight: bold;", ""), axis=None)
+    columns = "l" * cells.index.nlevels + "c" * len(cells.columns)
     return styler.to_latex(hrules=True, convert_css=True, caption=_latex_text(caption), label=f"tab:{name}",
-                           position_float="centering", column_format="l" + "c" * len(cells.columns))
+                           position_float="centering", column_format=columns, multirow_align="naive")
 
 
 def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
@@ -270,18 +289,28 @@ def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str
 
 
 def _latex_text(text: str) -> str:
-    """Plain caption text made LaTeX-safe (±, α, †, the significance marks become math)."""
+    """Plain caption or label text made LaTeX-safe: special characters escaped, then `math_symbols`."""
     text = str(text)
     for char in "%_&#{}$":
         text = text.replace(char, "\\" + char)
-    return math_symbols(text.replace("α", r"$\alpha$"))
+    return math_symbols(text)
+
+
+GREEK_LETTERS = {"α": "alpha", "β": "beta", "γ": "gamma", "δ": "delta", "ε": "epsilon", "ζ": "zeta", "η": "eta",
+                 "θ": "theta", "κ": "kappa", "λ": "lambda", "μ": "mu", "ν": "nu", "ξ": "xi", "π": "pi", "ρ": "rho",
+                 "σ": "sigma", "τ": "tau", "φ": "phi", "χ": "chi", "ψ": "psi", "ω": "omega", "Δ": "Delta"}
+# Every symbol a table's text may hold, as LaTeX that pdflatex takes with the default (OT1) font
+# encoding: no Unicode symbol reaches the file, and < > | (which OT1 prints as ¡ ¿ —) go in math.
+LATEX_SYMBOLS = {"±": r"$\pm$", DAGGER: r"$^\dagger$", **LATEX_MARKS, "→": r"$\to$", "≤": r"$\le$", "≥": r"$\ge$",
+                 "×": r"$\times$", "−": "$-$", "·": r"$\cdot$", "≈": r"$\approx$", "…": r"\dots{}", "–": "--",
+                 "—": "---", "<": "$<$", ">": "$>$", "|": r"$|$",
+                 **{char: f"$\\{name}$" for char, name in GREEK_LETTERS.items()}}
 
 
 def math_symbols(text: str) -> str:
-    """±, † and the significance marks (amssymb) of a cell or caption text as LaTeX."""
-    for char, latex in {"±": r"$\pm$", DAGGER: r"$^\dagger$", **LATEX_MARKS}.items():
-        text = text.replace(char, latex)
-    return text
+    """The symbols of a cell or caption text (`LATEX_SYMBOLS`: ±, †, the significance marks,
+    arrows, Greek letters, ...) as LaTeX; one pass, so no replacement is replaced again."""
+    return "".join(LATEX_SYMBOLS.get(char, char) for char in str(text))
 
 
 def latex_cells(cells: pd.DataFrame) -> pd.DataFrame:
@@ -349,7 +378,7 @@ def grouped_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> s
 
 
 def write_grouped_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out,
-                        markdown: bool = False, echo: bool = False) -> Path:
+                        markdown: bool = False, echo: bool = False, label: str | None = None) -> Path:
     """Write `<out>/<name>.tex` (booktabs, each column group centred over its parts) and with
     `markdown` `<out>/<name>.md`; with `echo` print a preview. Returns the .tex file."""
     out = Path(out)
@@ -357,7 +386,7 @@ def write_grouped_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, capt
     path = out / f"{name}.tex"
     latex = latex_cells(cells)
     latex.columns.names = [None, None]
-    latex = frame_latex(latex, bold, caption, name)
+    latex = frame_latex(latex, bold, caption, label or name)
     path.write_text(re.sub(r"\\multicolumn\{(\d+)\}\{r\}", r"\\multicolumn{\1}{c}", latex))
     if markdown:
         path.with_suffix(".md").write_text(grouped_markdown(cells, bold, caption))

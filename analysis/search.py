@@ -30,7 +30,7 @@ from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys,
                      selection_rows, settings_order, stage_column)
 from .figures import method_colors, save_figure
 from .load import load_trials, unfinished
-from .render import DAGGER, Table, frame_latex, frame_markdown, rounds_reached
+from .render import DAGGER, Table, frame_latex, frame_markdown, latex_label, rounds_reached
 
 OBJECTIVES = {"acc_val_mean": "validation accuracy", "acc_mean": "test accuracy"}
 NAMES = KNOB_SYMBOLS | {"local_epochs": "epochs"}
@@ -134,12 +134,12 @@ def _text(value, form: str = ".1f", scale: float = 100.0) -> str | None:
     return f"{scale * value:{form}}" if isinstance(value, (float, np.floating)) else str(value)
 
 
-def search_table_latex(df: pd.DataFrame, objective: str) -> str:
+def search_table_latex(df: pd.DataFrame, objective: str, label: str = "search_best") -> str:
     """`best_per_cell` as a booktabs table (analysis.render.frame_latex): per cell the chosen
     configuration, its objective and test accuracy on the select seed, the select trials, and
     the chosen configuration beside the anchors over seeds (the best of each row in bold)."""
     text, bold, caption = search_table_frame(df, objective, pm=r"$\pm$", dagger=r"$^\dagger$")
-    return frame_latex(text, bold, caption, "search_best")
+    return frame_latex(text, bold, caption, label)
 
 
 def search_table_markdown(df: pd.DataFrame, objective: str) -> str:
@@ -306,7 +306,7 @@ def write_search_table(trials: pd.DataFrame, out, markdown: bool = False) -> Pat
     best, path = best_per_cell(trials), Path(out) / "search_best.tex"
     objective = "acc_mean" if (best["objective"] == "acc_mean").any() else str(best["objective"].iloc[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(search_table_latex(best, objective))
+    path.write_text(search_table_latex(best, objective, latex_label("search_best", trials)))
     if markdown:
         path.with_suffix(".md").write_text(search_table_markdown(best, objective))
     return path

@@ -65,7 +65,7 @@ from fl_core.results import KNOB_SYMBOLS
 
 from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
 from .load import DamagedFile, is_gradselect, load_trials, reported_rounds
-from .render import MISSING, UNFINISHED, Table, format_cell, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
+from .render import MISSING, UNFINISHED, Table, format_cell, latex_label, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
 
 METHODS_REFERENCES = ("FedAvg", "Local")  # the FedSelect paper's Table 1 baselines
@@ -156,14 +156,29 @@ def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return trials[keep], notes
 
 
-def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
-    """Table 1: methods × data settings, every method at the most common local epochs, and a cell
-    with several configurations (FedSelect's p × α grid) at the one chosen without test data
-    (`_one_configuration`, said in a note), so that no cell mixes configurations."""
-    trials = _labelled(trials)
+def _at_common_epochs(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Every method at the most common local epochs; a method that never ran at them (sweeps
+    combined) at its own most common instead, which a note says, never left out."""
     epochs = _most_common(trials, ["local_epochs"])
-    trials = _at(trials, ["local_epochs"], epochs)
-    notes = [f"Local epochs = {epochs[0]:g}." if trials["local_epochs"].notna().all() else ""]
+    kept = _at(trials, ["local_epochs"], epochs)
+    if not trials["local_epochs"].notna().all():
+        return kept, []
+    others = []
+    for method, own in trials[~trials["method"].isin(set(kept["method"]))].groupby("method", sort=False):
+        mine = _most_common(own, ["local_epochs"])
+        kept = pd.concat([kept, _at(own, ["local_epochs"], mine)])
+        others.append(f"{method} at {mine[0]:g}")
+    note = f"Local epochs = {epochs[0]:g}" + (f" ({'; '.join(others)}: never run at {epochs[0]:g})." if others else ".")
+    return kept, [note]
+
+
+def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
+    """Table 1: methods × data settings, every method at the most common local epochs (or its
+    own, said in the caption: `_at_common_epochs`), and a cell with several configurations
+    (FedSelect's p × α grid) at the one chosen without test data (`_one_configuration`, said in a
+    note), so that no cell mixes configurations."""
+    trials = _labelled(trials)
+    trials, notes = _at_common_epochs(trials)
     if "stage" in trials and (trials["stage"] == "confirm").any():  # one chosen configuration per setting
         notes.append(tuning_note(trials) or "Tuned methods at the configuration chosen per data setting (table "
                                             "search_best).")
@@ -294,7 +309,8 @@ def make_tables(trials: pd.DataFrame, which: str = "auto", unfinished: str = "ma
 def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfinished: str = "mark",
                  markdown: bool = False) -> dict[str, Path]:
     """Write the tables of the results at `paths` as `<out>/<name>.tex` (default out: the first
-    path's `tables/`), and with `markdown` also `<out>/<name>.md`, and their cells' statistics as
+    path's `tables/`), and with `markdown` also `<out>/<name>.md` (without it, an older `.md` twin of
+    a table written is removed, never left stale), and their cells' statistics as
     `<out>/summary.parquet` (analysis.stats); returns name -> .tex file. With `echo`, prints each
     preview (or Markdown table) and file. `unfinished`: as in `make_tables`."""
     from .fedl2p import fedl2p_wanted, personalizing, write_fedl2p_tables
@@ -317,7 +333,7 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
         table.finals = finals
         summaries.append(table.verdict().summary(name))
         path = out / f"{name}.tex"
-        path.write_text(to_latex(table))
+        path.write_text(to_latex(table, latex_label(name, trials)))
         written[name] = path
         if markdown:
             path.with_suffix(".md").write_text(to_markdown(table))
@@ -337,6 +353,10 @@ def build_tables(paths, which: str = "auto", out=None, echo: bool = False, unfin
         if path is not None:
             written["convergence"] = path
     summary = write_summary(summaries, out)
+    stale = [md for tex in written.values() if not markdown and (md := tex.with_suffix(".md")).exists()]
+    for md in stale:  # an older run's Markdown twin would disagree with the fresh .tex beside it
+        md.unlink()
+        print(f"removed {md}: an earlier Markdown twin of a table written again without --markdown")
     if echo:
         if summary is not None:
             print(f"wrote {summary}")

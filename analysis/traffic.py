@@ -32,7 +32,7 @@ from analysis.load import load_clients, load_masks, load_rounds, reported_rounds
 from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order,
                              selection_phrase, settings_order)
 from analysis.figures import heatmap, method_colors, save_figure
-from analysis.render import MISSING, accuracy_words, summarize, unfinished_note, write_grouped_table
+from analysis.render import MISSING, accuracy_words, latex_label, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
 from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
@@ -251,4 +251,5 @@ def write_traffic_table(sweeps, trials: pd.DataFrame, out, markdown: bool = Fals
     cells, bold, caption, summary = traffic_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    return write_grouped_table("traffic", cells, bold, caption, out, markdown, echo)
+    return write_grouped_table("traffic", cells, bold, caption, out, markdown, echo,
+                               latex_label("traffic", trials))

@@ -23,8 +23,9 @@ EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import add_run_arguments
+    from .knobs import OneLineParser
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m fl_core", description=__doc__.split("\n\n")[0] + "\n\n" + EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)

@@ -27,8 +27,8 @@ from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, ch
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
 from .models import RUNNING_STATS_MODELS, WIDTH_MODELS
-from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, knob, knob_fields, normalise,
-                    search_spaces)
+from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, did_you_mean, knob, knob_fields,
+                    normalise, search_spaces)
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
 # resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
@@ -270,11 +270,12 @@ class RunConfig:
 
     def config_hash(self) -> str:
         """Short stable hash of everything that determines the results: the common knobs, the
-        chosen method's knobs (never another method's) and `RESULTS_REVISION`. A knob of
-        added later (`ADDED_KNOBS`) enters only when it is not at its default, so adding it left
+        chosen method's knobs (never another method's) and `RESULTS_REVISION`. A knob added
+        later (`ADDED_KNOBS`, `added_knobs`) enters only when it is not at its default, so adding it left
         every earlier hash as it was. `bn_stats` enters only where it averages running statistics
         (a model with BatchNorm, under "global"), the only case whose results it changed."""
-        values = {k: v for k, v in self.semantic_dict().items() if not (k in ADDED_KNOBS and v == ADDED_KNOBS[k])}
+        added = ADDED_KNOBS | added_knobs(self.method)
+        values = {k: v for k, v in self.semantic_dict().items() if not (k in added and v == added[k])}
         values.pop("bn_stats", None)  # enters by its effect: averaged statistics (before it, every run kept them local)
         if self.bn_statistics() == "global" and self.model in RUNNING_STATS_MODELS:
             values["bn_stats"] = "global"
@@ -311,7 +312,9 @@ def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) 
             raise ConfigError(f"{name} is a knob of {', '.join(owners[name])}, not of {algorithm}; "
                               f"{algorithm}'s own knobs: {', '.join(sorted(own)) or 'none'}")
         known = sorted(set(COMMON_KNOBS) | set(owners))
-        raise ConfigError(f"unknown config key(s) {', '.join(sorted(foreign))}; known keys: {', '.join(known)}")
+        unknown = sorted(foreign)
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}{did_you_mean(unknown[0], known)}; known keys: "
+                          f"{', '.join(known)}")
     return values
 
 
@@ -374,3 +377,8 @@ NON_SEMANTIC = tuple(f.name for f in knob_fields(RunConfig) if not f.metadata["s
 # Knobs added after results were first stored (`knob(added=True)`), with their defaults: left out
 # of the config hash while at them, so that adding a knob never moves an earlier run's hash.
 ADDED_KNOBS = {f.name: f.default for f in knob_fields(RunConfig) if f.metadata.get("added")}
+
+
+def added_knobs(params) -> dict[str, Any]:
+    """A method's knobs added after its first results (`knob(added=True)`), with their defaults."""
+    return {f.name: f.default for f in knob_fields(params) if f.metadata.get("added")}

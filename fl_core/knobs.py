@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import math
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,12 @@ class Space:
         if self.choices:
             return "{" + ", ".join(f"{c:g}" if isinstance(c, float) else str(c) for c in self.choices) + "}"
         return f"{'log-uniform' if self.log else 'uniform'}({self.low:g}, {self.high:g})"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """" (did you mean X?)" for the closest of `candidates` to a misspelt `name`, else ""."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
@@ -170,6 +178,18 @@ class NoParams(MethodParams):
 
 
 # ---------------------------------------------------------------------------- command lines
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage of a command with hundreds of
+    knob flags would bury them): the error, a guess for a misspelt flag, and where help is."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
+            message += did_you_mean(flag, [o for a in self._actions for o in a.option_strings])
+        self.exit(2, f"{self.prog}: error: {message} (all flags: {self.prog} --help)\n")
+
+
+
 def _parse_optional(kind):
     def parse(text: str):
         return None if text.lower() in ("none", "") else kind(text)

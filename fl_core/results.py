@@ -33,8 +33,8 @@ from . import __version__
 
 MB = 1e6
 STANDARD_CLIENT_COLUMNS = frozenset({
-    "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "loss", "n_train", "n_val",
-    "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr", "pool"})
+    "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "acc_val_global", "loss",
+    "n_train", "n_val", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr", "pool"})
 SEED_DDOF = 1
 
 
@@ -85,6 +85,7 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
         _acc=acc, _wacc=acc * weight, _w=weight, _up=up, _down=down, _sent=up + down,
         _local=only_seen("acc_local"), _global=only_seen("acc_global"),
         _val=only_seen("acc_val") if "acc_val" in rows else math.nan,
+        _val_global=only_seen("acc_val_global") if "acc_val_global" in rows else math.nan,
         _unseen=rows["acc"].astype(float).where(~seen),
         _loss=rows["loss"].astype(float), _pf=rows["personal_fraction"].astype(float),
         _part=rows["participated"].astype(float) if "participated" in rows else 1.0,
@@ -100,6 +101,7 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
         "acc_local_mean": g["_local"].mean(),
         "acc_global_mean": g["_global"].mean(),
         "acc_val_mean": g["_val"].mean(),
+        "acc_val_global_mean": g["_val_global"].mean(),
         "acc_unseen_mean": g["_unseen"].mean(),
         "loss_mean": g["_loss"].mean(),
         "personal_fraction_mean": g["_pf"].mean(),
@@ -294,21 +296,28 @@ def mask_rows(config, masks: Sequence[Mapping[str, Any] | None]) -> list[dict[st
     return rows
 
 
-REPORT_ROUNDS = ("last", "best_val")   # which evaluated round a trial's accuracies come from
-ACCURACY_KEYS = ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "acc_val_mean")
+# Which evaluated round a trial's accuracies come from: its last, or the one with the best mean
+# validation accuracy of the model each rule names (the summary column it is read from).
+REPORT_ROUND_KEYS = {"best_val": "acc_val_mean",                # the evaluated (personalized) model
+                     "best_val_global": "acc_val_global_mean"}  # the model before fine-tuning (PerFedMask's authors)
+REPORT_ROUNDS = ("last", *REPORT_ROUND_KEYS)
+ACCURACY_KEYS = ("acc_mean", "acc_std", "acc_weighted", "acc_local_mean", "acc_global_mean", "acc_val_mean",
+                 "acc_val_global_mean")
 LEARNED, COLLAPSED = 2.0, 1.25          # x chance: a run that reached the first and ends at the second collapsed
 
 
 def reported_round(history: Sequence[Mapping[str, Any]], report_round: str = "last") -> Mapping[str, Any] | None:
     """The round summary a trial reports: its last evaluated round ("last"), or the evaluated
-    round with the best mean validation accuracy ("best_val"; the earliest of equal ones, the last
-    evaluated round where none has a validation accuracy); None before any evaluation."""
+    round with the best mean validation accuracy of the model the rule names (`REPORT_ROUND_KEYS`;
+    the earliest of equal ones, the last evaluated round where none has a validation accuracy);
+    None before any evaluation."""
     if report_round not in REPORT_ROUNDS:
         raise ValueError(f"report_round={report_round!r}; choose one of {', '.join(REPORT_ROUNDS)}")
     evaluated = [h for h in history if not math.isnan(h["acc_mean"])]
-    validated = [h for h in evaluated if not math.isnan(h.get("acc_val_mean", math.nan))]
-    if report_round == "best_val" and validated:
-        return max(validated, key=lambda h: (h["acc_val_mean"], -h["round"]))
+    key = REPORT_ROUND_KEYS.get(report_round)
+    validated = [h for h in evaluated if key is not None and not math.isnan(h.get(key, math.nan))]
+    if validated:
+        return max(validated, key=lambda h: (h[key], -h["round"]))
     return evaluated[-1] if evaluated else None
 
 

@@ -54,6 +54,7 @@ class ClientRound:
     acc_global: float       # after the communication step
     acc: float              # the algorithm's personalized accuracy (one of the above, or its own model)
     acc_val: float          # the personalized model on the client's validation split (NaN without one)
+    acc_val_global: float   # the model after the communication step on that split (before any fine-tuning)
     loss: float             # mean training loss over this round's local passes
     n_train: int
     n_val: int
@@ -221,7 +222,8 @@ class Simulation:
             seconds[k] += time.perf_counter() - t0
             results.append(ClientRound(
                 client=k, participated=k in taking_part, acc_local=acc_local, acc_global=acc_global, acc=acc,
-                acc_val=acc_val, loss=loss_values.get(k, NAN), n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+                acc_val=acc_val, acc_val_global=val_global, loss=loss_values.get(k, NAN), n_train=d.n_train,
+                n_val=d.n_val, n_test=d.n_test,
                 personal_fraction=algo.personal_fraction(client), bytes_up=up[k], bytes_down=down[k],
                 seconds=seconds[k], metrics=metrics.get(k, {})))
         self.completed = rnd
@@ -249,7 +251,7 @@ class Simulation:
         algo, d, client = self.algorithm, self.data.clients[k], self.clients[k]
         if rnd < self.config.rounds:
             return ClientRound(client=k, participated=False, acc_local=NAN, acc_global=NAN, acc=NAN, acc_val=NAN,
-                               loss=NAN, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+                               acc_val_global=NAN, loss=NAN, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
                                personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
                                seconds=0.0, pool="unseen")
         t0 = time.perf_counter()
@@ -269,7 +271,8 @@ class Simulation:
         else:
             acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
         return ClientRound(client=k, participated=False, acc_local=acc_local, acc_global=acc_global, acc=acc,
-                           acc_val=acc_val, loss=float(stats.loss_sum) / stats.samples if stats.samples else NAN, n_train=d.n_train,
+                           acc_val=acc_val, acc_val_global=val_global,
+                           loss=float(stats.loss_sum) / stats.samples if stats.samples else NAN, n_train=d.n_train,
                            n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(joined),
                            bytes_up=0, bytes_down=down, seconds=time.perf_counter() - t0,
                            metrics=_checked_metrics(algo.name, stats.metrics | algo.evaluation_metrics(k, joined, d)),

@@ -27,7 +27,7 @@ import pandas as pd
 from fl_core import kernels
 from fl_core.data import load_data
 
-from . import damage, resources
+from . import damage, parquet_sink, resources
 from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
@@ -181,6 +181,8 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
     with guard.hold(then_raise=False):  # the results are written whatever comes now
         trials, rows = trials_table(plan, ran + repaired, interrupted=stopped is not None,
                                     selected=set(winners(finished)))
+        if stopped is None:  # every stage ran: one schema per folder for any Parquet reader
+            parquet_sink.unify_schema(folder)
         _summary(plan, trials, rows, elapsed, stopped)
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
@@ -362,14 +364,15 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
         else:
             how = ("declared configuration (run on the most seeds; ties: the first of its grid), as the tables "
                    "show it: no validation split to select on, and test accuracy never selects")
-        when = "at each run's best-validation round" if plan.spec.report_round == "best_val" else "final"
+        when = {"last": "final", "best_val": "at each run's best-validation round",
+                "best_val_global": "at each run's best-validation round before fine-tuning"}[plan.spec.report_round]
         print(f"[sweep] per data setting, each method's {how}; {when} mean personalized test accuracy over clients, "
               f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds; diverged runs left out); "
               f"completed trials only:")
         print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
-    print(f"[sweep] MLflow:  {mlflow_command()} ui --backend-store-uri {tracking_uri(plan)}")
+    print(f"[sweep] MLflow:  {mlflow_ui_line(tracking_uri(plan))}")
     from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
     link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
     if link:
@@ -383,6 +386,14 @@ def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, s
               f"kept: free space, then continue with --resume", flush=True)
     if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
         print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
+
+
+def mlflow_ui_line(uri: str) -> str:
+    """How to see the runs: a tracking server shows them itself (its address); a file or database
+    store needs `mlflow ui` started on it."""
+    if uri.startswith(("http://", "https://")):
+        return f"the tracking server's UI at {uri.rstrip('/')} (it already runs)"
+    return f"{mlflow_command()} ui --backend-store-uri {uri}"
 
 
 def mlflow_command() -> str:

@@ -25,6 +25,14 @@ it is finished, so a crash anywhere in between is repaired on the next attempt:
 A compacted file is only written for a trial whose state is final, so no later run of that trial
 writes journal files again (trials stopped early by a scheduler keep their journal files).
 
+One schema. Each trial writes the columns of its own method (its knobs, its metrics), so while a
+sweep runs its files differ. When the sweep ends (every stage done, also after a resume),
+`unify_schema` rewrites every file of rounds/, clients/ and masks/ that lacks a column of its
+folder's union schema, adding that column as nulls of the union's type (a narrower type is
+promoted: int to double, null to the type others have). A finished sweep is then one table per
+folder for any reader: pandas and pyarrow.dataset (which take the first file's schema), Polars
+(which refuses files with extra columns) and DuckDB read every column and every row.
+
 Reading (`read_rounds`, `read_sweep`, `read_files`): one listing of the folder picks, per hash,
 the compacted file if it exists, else its journal files; the files are read as one pyarrow
 dataset whose schema is the union of the files' schemas (methods write different columns, and a
@@ -124,6 +132,32 @@ def compact_trial(sweep_dir: Path, config_hash: str, rounds: int) -> Path | None
     for path in target.parent.glob(f".{config_hash}-r*.tmp"):  # a write cut short by a kill
         path.unlink(missing_ok=True)
     return target
+
+
+def unify_schema(sweep_dir: str | Path) -> int:
+    """Give every Parquet file of the sweep's rounds/, clients/ and masks/ its folder's union
+    schema (see the module docstring); each rewrite is atomic. Returns the files rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rewritten = 0
+    for name in ("rounds", "clients", "masks"):
+        files = sorted(p for p in (Path(sweep_dir) / name).glob("*.parquet") if not p.name.startswith("."))
+        schemas = [pq.read_schema(f).remove_metadata() for f in files]
+        if len(files) < 2 or all(s.equals(schemas[0]) for s in schemas):
+            continue
+        union = pa.unify_schemas(schemas, promote_options="permissive")
+        for path, schema in zip(files, schemas):
+            if schema.equals(union):
+                continue
+            table = pq.read_table(path)
+            columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                       else pa.nulls(table.num_rows, f.type) for f in union]
+            tmp = path.with_name(f".{path.name}.unify.tmp")
+            pq.write_table(pa.Table.from_arrays(columns, schema=union), tmp)
+            os.replace(tmp, path)
+            rewritten += 1
+    return rewritten
 
 
 def write_clients(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path:
@@ -230,8 +264,14 @@ def read_trial(sweep_dir: str | Path, config_hash: str) -> pd.DataFrame:
 
 def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The tidy table of a sweep: one row per (trial, round, client), with the trial's status and
-    wall time joined from trials.parquet when the sweep has finished."""
+    wall time joined from trials.parquet when the sweep has finished. A folder that is not a sweep
+    (no rounds/ and no trials.parquet: a results folder, a typo) is a ValueError naming it and the
+    sweeps below it."""
     sweep_dir = Path(sweep_dir)
+    if not (sweep_dir / "rounds").is_dir() and not (sweep_dir / "trials.parquet").exists():
+        below = sorted(p.parent.name for p in sweep_dir.glob("*/rounds") if p.is_dir())
+        raise ValueError(f"{sweep_dir} is not a sweep folder (no rounds/ or trials.parquet); "
+                         + (f"sweeps in it: {', '.join(below)}" if below else "no sweep below it either"))
     if columns is not None:
         columns = list(dict.fromkeys([*SORT_KEYS, *columns]))
     rounds = read_rounds(sweep_dir, columns)

@@ -3,7 +3,7 @@
     name = "fedselect_grid"                  # MLflow experiment and sweep-name prefix
     description = "FedSelect grid ..."
     seeds = [0, 1, 2]                        # one trial per seed and configuration
-    report_round = "last"                    # or "best_val": each run's round with the best mean
+    report_round = "last"                    # or "best_val" / "best_val_global": each run's round with the best mean
                                              # validation accuracy (needs val_fraction > 0)
 
     [search]
@@ -78,7 +78,7 @@ from typing import Any
 
 from fl_core.algorithms import ALGORITHMS
 from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners, search_space
-from fl_core.knobs import Space
+from fl_core.knobs import Space, did_you_mean
 from fl_core.results import REPORT_ROUNDS
 
 from .errors import SweepError
@@ -225,7 +225,8 @@ def _only(table: Any, allowed: tuple[str, ...], where: str) -> None:
         raise SweepError(f"{where}: expected a table")
     unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise SweepError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        raise SweepError(f"{where}: unknown key(s) {', '.join(unknown)}{did_you_mean(unknown[0], allowed)}; "
+                         f"allowed: {', '.join(allowed)}")
 
 
 def _value(value: Any, where: str) -> Any:
@@ -270,7 +271,8 @@ def check_spec(spec: StudySpec) -> None:
                              + ("use `seeds`" if name == "seed" else "a method entry names it" if name == "algorithm"
                                 else "a trial's resources decide it") + ")")
         if name not in COMMON_KNOBS and name not in owners:
-            raise SweepError(f"{where}: unknown knob {name!r}; see `python -m fl_core --help` for the knobs")
+            raise SweepError(f"{where}: unknown knob {name!r}{did_you_mean(name, [*COMMON_KNOBS, *owners])}; see "
+                             f"`python -m fl_core --help` for the knobs")
         if name in owners and not algorithms & set(owners[name]):
             raise SweepError(f"{where}: {name} is a knob of {' and '.join(owners[name])}, but this study runs no "
                              f"trial of {' or '.join(owners[name])}"

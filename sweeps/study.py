@@ -30,6 +30,7 @@ from typing import Any
 
 from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
 from fl_core.data import DataError
+from fl_core.knobs import OneLineParser
 from fl_core.kernels import OPT_OUT
 from fl_core.results import REPORT_ROUNDS, results_problem
 
@@ -104,7 +105,7 @@ def range_or_value(parse, kind):
 
 def build_parser(study: Study) -> argparse.ArgumentParser:
     spec = load_spec(study.spec)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=f"python {study.script}", description=spec.description,
         usage=f"python {study.script} [--KNOB VALUE [VALUE ...]] ... [--seeds S ...] [--search {{grid,optuna}}] "
               f"[--scheduler {{fifo,asha}}] [--dry-run] [--resume [NAME]] [--name NAME] [--results DIR] [...]",
@@ -177,8 +178,9 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                      help=f"the seed a search or scheduler selects on; never one of --seeds, never reported "
                           f"(default: {spec.search_seed})")
     run.add_argument("--report-round", choices=REPORT_ROUNDS, default=argparse.SUPPRESS,
-                     help="which round each trial reports: last, or best_val (its round with the best mean "
-                          f"validation accuracy, as some papers report; needs --val-fraction) (default: "
+                     help="which round each trial reports: last, best_val (its round with the best mean "
+                          "validation accuracy, as some papers report) or best_val_global (the same, of the model "
+                          f"before fine-tuning, as PerFedMask's authors); both need --val-fraction (default: "
                           f"{spec.report_round})")
     run.add_argument("--scheduler", choices=SCHEDULERS, default=argparse.SUPPRESS,
                      help=f"asha: stop poor configurations early, per data setting and method, on validation "
@@ -259,10 +261,10 @@ def plan_sweep(study: Study, args: argparse.Namespace) -> tuple[SweepPlan, float
     stages = plan_stages(spec)
     configs = [c for stage in stages for _, c in stage.configs]
     validate_trials(configs)
-    if spec.report_round == "best_val" and any(c.val_fraction <= 0 for c in configs):
-        raise SweepError("report_round = best_val reports each run's round with the best mean validation accuracy, "
-                         "and these trials have no validation split; give --val-fraction 0.1 (or val_fraction in "
-                         "the study's [knobs])")
+    if spec.report_round != "last" and any(c.val_fraction <= 0 for c in configs):
+        raise SweepError(f"report_round = {spec.report_round} reports each run's round with the best mean validation "
+                         "accuracy, and these trials have no validation split; give --val-fraction 0.1 (or "
+                         "val_fraction in the study's [knobs])")
     named = tuple(dict.fromkeys([k for m in spec.methods for k in m.knobs]
                                 + [k for stage in stages for k in stage.domains]))
     compared = [c for stage in stages if stage.kind != "pretrain" for _, c in stage.configs]  # a pretraining's

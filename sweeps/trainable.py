@@ -54,7 +54,7 @@ from ray import tune
 from fl_core import kernels
 from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
-from fl_core.results import client_rows, fell_to_chance, mask_rows, round_rows, summarize_round
+from fl_core.results import REPORT_ROUND_KEYS, client_rows, fell_to_chance, mask_rows, round_rows, summarize_round
 from fl_core.simulation import Simulation
 
 from . import damage, parquet_sink
@@ -66,13 +66,24 @@ PROVENANCE = ("resumed_from_round", "started_at", "gpus_assigned", "device", "th
               "data_from_driver", "reported_at", "node_id", "kernels", "cpu_isa", "chance")
 
 
-def _selection(progress: dict[str, Any], measured: float, report_round: str) -> float:
-    """The objective after this round: the latest validation accuracy (carried over rounds that
-    do not evaluate), or under report_round = best_val the best so far."""
+def _selection(progress: dict[str, Any], summary: dict[str, Any], selected_on: str,
+               report_round: str) -> tuple[float, float]:
+    """(objective, chosen_by) after this round. The objective is the latest validation accuracy
+    (carried over rounds that do not evaluate), or under a best-validation rule the one of the
+    round that rule reports so far: the round whose `REPORT_ROUND_KEYS` value (`chosen_by`) is
+    the best yet, the earliest of equal ones (fl_core.results.reported_round)."""
     before = progress.get("selection", math.nan)
+    by_before = progress.get("chosen_by", before)  # a state saved before `chosen_by`: best_val's own value
+    measured = summary[selected_on]
     if math.isnan(measured):
-        return before
-    return max(before, measured) if report_round == "best_val" and not math.isnan(before) else measured
+        return before, by_before
+    key = REPORT_ROUND_KEYS.get(report_round)
+    if key is None:
+        return measured, math.nan
+    by = summary[key]
+    if math.isnan(before) or by > by_before or (math.isnan(by_before) and not math.isnan(by)):
+        return measured, by
+    return before, by_before
 
 
 def _trained(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
@@ -101,8 +112,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
               reproducible: bool = True, report_round: str = "last") -> None:
     """Tune function trainable (wrapped with `tune.with_parameters` by the launcher). `reproducible`:
     the trial refuses to run unless its process runs the pinned kernels (fl_core/kernels.py).
-    `report_round` "best_val": the objective is the best validation accuracy so far (the round the
-    trial will report), else the latest."""
+    `report_round` "best_val" / "best_val_global": the objective is the validation accuracy of the
+    round the trial would report so far (`_selection`), else the latest."""
     logging.getLogger("ray").setLevel(logging.WARNING)
     kernel_line = kernels.require(reproducible)
     started_at = time.time()
@@ -149,14 +160,14 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         parquet_sink.write_round(folder, key, result.round, rows)
         summary = summarize_round(rows, progress["mb_total"])
         accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
-        selection = _selection(progress, summary[selected_on], report_round)
+        selection, chosen_by = _selection(progress, summary, selected_on, report_round)
         done = result.round == run.rounds
         lost = _lost(progress, summary)
         diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
         report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
                   "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
-                    "last_report": report, "lost": lost, "trained": _trained(progress, summary),
+                    "chosen_by": chosen_by, "last_report": report, "lost": lost, "trained": _trained(progress, summary),
                     "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)

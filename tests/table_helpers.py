@@ -68,7 +68,7 @@ def write_sweep(folder, stopped=None, rounds=5, with_trials=True, acc=None):
 # sentence, the models evaluated, came later).
 FINISHED_LATEX = r"""\begin{table}
 \centering
-\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds (1–2 in common): no test and no mark, as a test over so few seeds has too little power and the clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
+\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds (1--2 in common): no test and no mark, as a test over so few seeds has too little power and the clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
 \label{tab:methods}
 \begin{tabular}{lc}
 \toprule

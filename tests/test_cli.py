@@ -73,6 +73,18 @@ def test_bad_values_exit_2_with_one_clear_error_before_any_work(tmp_path, capsys
     assert not out_dir.exists()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--rounds", "abc"], "argument --rounds: invalid int value: 'abc'"),
+    (["--roundz", "3"], "unrecognized arguments: --roundz 3 (did you mean --rounds?)"),
+])
+def test_a_flag_error_is_one_line_with_a_guess_and_no_usage(tmp_path, capsys, args, needle):
+    with pytest.raises(SystemExit) as stop:
+        main(TINY + args + ["--results", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and needle in err and err.count("\n") == 1 and "usage" not in err
+    assert err.rstrip().endswith("(all flags: python -m fl_core --help)")
+
+
 def test_help_documents_every_knob_of_every_method_with_its_default():
     help_text = subprocess.run([sys.executable, "-m", "fl_core", "--help"], capture_output=True, text=True,
                                cwd=REPO, check=True).stdout

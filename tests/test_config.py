@@ -18,8 +18,11 @@ def test_a_config_carries_only_its_methods_knobs():
     assert fedselect.pers_rate == 0.5 and fedselect.method.pers_rate == 0.5
     with pytest.raises(ConfigError, match="ditto_lambda is a knob of ditto, not of fedavg"):
         RunConfig(algorithm="fedavg", ditto_lambda=1.0)
-    with pytest.raises(ConfigError, match="unknown config key"):
+    with pytest.raises(ConfigError, match="unknown config key") as err:
         RunConfig(algorithm="fedavg", no_such_knob=1)
+    assert "did you mean" not in str(err.value)  # nothing close: no guess
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) pers_rat \(did you mean pers_rate\?\)"):
+        RunConfig(algorithm="fedselect", pers_rat=0.2)
     with pytest.raises(ConfigError, match=r"pers_rate=1.5 is outside the allowed range \[0, 1\]"):
         RunConfig(pers_rate=1.5)
     assert RunConfig.from_dict(fedselect.to_dict()) == fedselect

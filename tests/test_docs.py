@@ -188,3 +188,36 @@ def test_a_recipe_of_several_sweeps_judges_its_claims_once_on_the_pooled_table(t
     reproduce.tabulate("baselines-pfl", recipe, results, tmp_path / "out")
     assert judged == [[results / recipe.sweeps[0][0]]]
     assert (tmp_path / "out" / "claims.md").read_text().count("| P |") == 1
+
+
+def test_every_list_in_the_docs_starts_after_a_blank_line():
+    """Markdown renders a list glued to the paragraph before it as that paragraph, with literal
+    " - " in it (as it did in 11 places): every list item that follows a paragraph line needs a
+    blank line between them."""
+    item = re.compile(r"^\s*([-*]|\d+\.) ")
+    glued = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        lines, fenced = page.read_text().splitlines(), False
+        for i, line in enumerate(lines):
+            fenced ^= line.strip().startswith("```")
+            before = lines[i - 1] if i else ""
+            if not fenced and item.match(line) and before.strip() and not item.match(before) \
+                    and not before.startswith(("  ", "|", "#", "```")):
+                glued.append(f"{page.relative_to(REPO)}:{i + 1}")
+    assert glued == []
+
+
+def test_the_docs_link_nowhere_outside_the_repository():
+    """A user's clone has no ../shared/: no page links there or names a file outside the project."""
+    outside = [f"{page.relative_to(REPO)}: {hit}" for page in sorted((REPO / "docs").rglob("*.md"))
+               for hit in re.findall(r"\]\((?:\.\./)+shared/[^)]*\)|\.\./shared/\S+", page.read_text())]
+    assert outside == []
+
+
+def test_the_docs_speak_of_the_project_not_of_how_it_was_built():
+    """Pages describe the project as it is: no issue numbers, no sessions."""
+    words = re.compile(r"\bissue \d+|\bissue's\b|\b(?:this|an earlier|a later|in a) session\b", re.I)
+    found = [f"{page.relative_to(REPO)}: {m.group(0)}" for page in sorted((REPO / "docs").rglob("*.md"))
+             if "results" not in page.parts for m in words.finditer(page.read_text())]
+    found += [f"README.md: {m.group(0)}" for m in words.finditer((REPO / "README.md").read_text())]
+    assert found == []

@@ -7,7 +7,8 @@ import torch
 
 from fl_core.checkpoints import save_model
 from fl_core.config import ConfigError, RunConfig
-from fl_core.fedl2p.personalize import Policy, fine_tune, meta_step
+from fl_core.fedl2p.personalize import Policy, fine_tune, fine_tune_tracking, meta_step
+from fl_core.functional import batch_order
 from fl_core.simulation import Simulation
 from fl_core.training import derive_seed
 from tests.conftest import metrics, restore_mid_run
@@ -69,6 +70,60 @@ def test_ft_variants_differ_and_acc_global_is_the_pretrained_model(pretrained):
     assert globals_["C"] == globals_["G"] == globals_["I"]
     assert len({tuple(c.acc for c in r.clients) for r in finals.values()}) == 3
     assert all(c.bytes_up == c.bytes_down == 0 for r in finals.values() for c in r.clients)
+
+
+def tiny_bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(2 * 4 * 4, 3))
+
+
+def test_authors_bn_c_normalises_each_batch_with_its_own_statistics_while_fine_tuning():
+    model = tiny_bn_model()
+    with torch.no_grad():  # pretrained running statistics far from any batch's
+        model[1].running_mean.fill_(5.0), model[1].running_var.fill_(9.0)
+    state = {n: t.clone() for n, t in model.state_dict().items()}
+    x, y = torch.randn(8, 1, 6, 6), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    tuned = fine_tune_tracking(model, state, x, y, 0.1, epochs=1, batch_size=8, seed=3)  # one batch, one step
+    by_hand = tiny_bn_model()
+    by_hand.load_state_dict(state)
+    by_hand.train()  # batch statistics, as nn.BatchNorm2d in training mode
+    loss = torch.nn.functional.cross_entropy(by_hand(x[batch_order(3, 8, x.device)]), y[batch_order(3, 8, x.device)])
+    grads = torch.autograd.grad(loss, list(by_hand.parameters()))
+    for (name, p), g in zip(by_hand.named_parameters(), grads):
+        assert torch.allclose(tuned[name], p.detach() - 0.1 * g, rtol=0, atol=1e-6), name
+
+
+def test_authors_bn_c_restarts_the_running_statistics_and_evaluates_with_their_estimates():
+    model = tiny_bn_model()
+    state = {n: t.clone() for n, t in model.state_dict().items()}
+    state["1.running_mean"], state["1.running_var"] = torch.full((2,), 5.0), torch.full((2,), 9.0)
+    x, y = torch.randn(12, 1, 6, 6), torch.randint(0, 3, (12,))
+    tuned = fine_tune_tracking(model, state, x, y, 0.0, epochs=2, batch_size=4, seed=1)  # lr 0: stats only
+    mean, var = torch.zeros(2), torch.ones(2)  # restarted at 0 and 1, then momentum 0.1 per batch
+    for epoch in range(2):
+        order = batch_order(1, 12, x.device)
+        for start in range(0, 12, 4):
+            h = model[0](x[order[start:start + 4]]).detach()
+            mean = 0.9 * mean + 0.1 * h.mean(dim=(0, 2, 3))
+            var = 0.9 * var + 0.1 * h.var(dim=(0, 2, 3), unbiased=True)
+    assert torch.allclose(tuned["1.running_mean"], mean, atol=1e-6)
+    assert torch.allclose(tuned["1.running_var"], var, atol=1e-6)
+    assert int(tuned["1.num_batches_tracked"]) == 6
+    evaluated = tiny_bn_model()
+    evaluated.load_state_dict(tuned)
+    evaluated.eval()  # what the run scores: the model in evaluation mode, normalising with those estimates
+    h = model[0](x).detach()
+    expected = (h - mean[None, :, None, None]) / torch.sqrt(var[None, :, None, None] + 1e-5)
+    assert torch.allclose(evaluated[1](h), expected * tuned["1.weight"][None, :, None, None]
+                          + tuned["1.bias"][None, :, None, None], atol=1e-5)
+
+
+def test_authors_bn_c_is_its_own_row_and_scores_otherwise_than_ours(pretrained):
+    ours, theirs = (list(Simulation(stage2(pretrained, "ft", bn_mode=m)).run())[-1] for m in ("C", "C_authors"))
+    assert stage2(pretrained, "ft", bn_mode="C_authors").label() == "FT (BN C, authors')"
+    assert [c.acc_global for c in ours.clients] == [c.acc_global for c in theirs.clients]
+    assert [c.acc for c in ours.clients] != [c.acc for c in theirs.clients]
 
 
 def test_a_tensor_at_rate_zero_is_bit_identical_after_fine_tuning(pretrained):

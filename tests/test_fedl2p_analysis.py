@@ -15,6 +15,8 @@ from analysis.load import find_sweeps, load_rounds, load_trials
 from analysis.plots import build_plots
 from fl_core.results import write_parquet
 
+from latex_check import check_latex
+
 SETTING = "digits, Dir(0.5), 1 unseen clients"
 DATA = {"dataset": "digits", "partition": "dirichlet", "shards_per_client": 2, "dir_alpha": 0.5, "num_clients": 3,
         "unseen_clients": 1, "rounds": 2, "local_epochs": 1, "val_fraction": 0.2, "setting": SETTING}
@@ -270,6 +272,8 @@ def test_tables_cli_writes_fedl2p_tables_and_keeps_them_out_of_methods(study, tm
     methods = (out / "methods.tex").read_text()  # the pretrainings alone: FT's e would be pooled there
     assert "FedAvg" in methods and "FT" not in methods and "FedL2P" not in methods
     assert (out / "fedl2p_policy.tex").exists() and (out / "fedl2p_policy.md").exists()
+    for name in ("fedl2p", "fedl2p_policy", "methods"):  # compiles in the documented preamble
+        check_latex(out / f"{name}.tex", tmp_path / "latex" / name)
     assert "wrote" in capsys.readouterr().out
     assert set(tables.build_tables([study], "fedl2p", tmp_path / "only")) == {"fedl2p", "fedl2p_policy"}
 

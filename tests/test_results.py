@@ -90,6 +90,18 @@ def test_a_trial_reports_its_last_or_its_best_validation_round():
         reported_round(summarize_trial(rounds), "best")
 
 
+def test_best_val_global_reports_the_round_the_model_before_fine_tuning_validates_best():
+    from fl_core.results import summarize_trial, trial_row
+
+    rounds = _rounds([1.0, 0.8, 0.7], [0.50, 0.70, 0.60], [0.40, 0.75, 0.80])
+    rounds["acc_val_global"] = [0.30, 0.35, 0.20]  # the un-tuned model peaks at round 2, the tuned one at 3
+    by_tuned, by_global = (trial_row(RunConfig(rounds=3), rounds, report_round=rule)
+                           for rule in ("best_val", "best_val_global"))
+    assert (by_tuned["acc_mean"], by_tuned["reported_round"]) == (0.60, 3)
+    assert (by_global["acc_mean"], by_global["reported_round"], by_global["acc_val_global_mean"]) == (0.70, 2, 0.35)
+    assert reported_round(summarize_trial(rounds.drop(columns="acc_val_global")), "best_val_global")["round"] == 3
+
+
 @pytest.mark.parametrize("loss, acc, chance, why", [
     ([1.0, float("inf"), 0.5], [0.5, 0.6, 0.6], None, "training loss inf at round 2"),
     ([1.0, float("nan"), float("nan")], [0.5, 0.1, 0.1], None, "training loss nan at round 2"),

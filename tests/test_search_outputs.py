@@ -102,7 +102,7 @@ def test_confirmed_and_anchor_numbers_are_over_the_same_seeds():
         assert best.loc[setting, "FedAvg_std"] == pytest.approx(np.std(fedavg, ddof=1))
         assert not best.loc[setting, ["selected_marked", "FedAvg_marked", "Local_marked"]].any()
     latex = search.search_table_latex(best.reset_index(), "acc_val_mean")
-    assert r"$^\dagger$" not in latex and "seeds 0–2" in latex
+    assert r"$^\dagger$" not in latex and "seeds 0--2" in latex
 
 
 def test_a_missing_or_unfinished_anchor_seed_marks_its_value():
@@ -118,7 +118,7 @@ def test_a_missing_or_unfinished_anchor_seed_marks_its_value():
     rows = body_rows(search.search_table_latex(best, "acc_val_mean"))
     assert rows[SHARDS][-2].endswith(r"$^\dagger$ (n=2)") and rows[DIR][-1].count(r"$^\dagger$") == 1
     latex = search.search_table_latex(best, "acc_val_mean")
-    assert "FedAvg: seeds 0, 1 of 0–2" in latex and "round 3 of 5" in latex
+    assert "FedAvg: seeds 0, 1 of 0--2" in latex and "round 3 of 5" in latex
 
 
 @pytest.mark.parametrize("objective", ["acc_val_mean", "acc_mean"])

@@ -70,6 +70,9 @@ def test_any_knob_is_an_axis_in_a_file_or_on_the_command_line(tmp_path):
 @pytest.mark.parametrize("text,needle", [
     ('name = "x"\nfoo = 1\n[[methods]]\nalgorithm = "fedavg"\n', "unknown key(s) foo"),
     ('name = "x"\n[knobs]\nlearning_rate = 0.1\n[[methods]]\nalgorithm = "fedavg"\n', "unknown knob 'learning_rate'"),
+    ('name = "x"\n[knobs]\nlocal_epoch = 2\n[[methods]]\nalgorithm = "fedavg"\n',
+     "unknown knob 'local_epoch' (did you mean local_epochs?)"),
+    ('name = "x"\nseed = [0]\n[[methods]]\nalgorithm = "fedavg"\n', "unknown key(s) seed (did you mean seeds?)"),
     ('name = "x"\n[knobs]\nlr = -1\n[[methods]]\nalgorithm = "fedavg"\n', "lr=-1.0 is outside the allowed range"),
     ('name = "x"\n[knobs]\nseed = 1\n[[methods]]\nalgorithm = "fedavg"\n', "use `seeds`"),
     ('name = "x"\n[[methods]]\nalgorithm = "fedavg"\ndataset = "mnist"\n', "cannot be set per method"),

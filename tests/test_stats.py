@@ -263,7 +263,7 @@ def test_methods_table_marks_fedselect_against_fedavg_and_local(tmp_path):
     assert "paired t-test on the per-seed mean accuracies over 5 common seeds" in latex
     assert "$^{\\blacktriangle}$/$^{\\blacktriangledown}$: significantly better/worse than FedAvg, " \
            "$^{\\vartriangle}$/$^{\\triangledown}$: than Local" in latex
-    assert "Benjamini–Hochberg over the table's 3 distinct pairs of cells tested" in latex
+    assert "Benjamini--Hochberg over the table's 3 distinct pairs of cells tested" in latex
     assert "▲△** |" in (out / "methods.md").read_text()
 
     summary = pd.read_parquet(out / stats.SUMMARY)

@@ -167,6 +167,10 @@ def test_sweep_end_to_end_parquet_mlflow_and_exact_metrics(ray_cluster, tmp_path
     assert (folder / "figures" / "accuracy_vs_round.png").stat().st_size > 0  # ... and its figures
     masks = pd.read_parquet(next((folder / "masks").glob("*.parquet")))
     assert set(masks.client) == {0, 1, 2} and (masks.tensor.str.endswith("weight")).all()
+    # one schema: the folder read by pandas alone (the first file's schema) has every column and row
+    whole = pd.read_parquet(folder / "rounds")
+    assert set(whole.columns) == set(rounds.columns) and len(whole) == len(rounds)
+    assert whole.loc[whole.algorithm == "fedavg", "pers_rate"].isna().all()
     assert len(list((folder / "masks").glob("*.parquet"))) == 2  # the two FedSelect trials only
     assert trials.data_from_driver.all()  # loaded once on the driver, not re-read by the trials
 

@@ -106,6 +106,15 @@ def test_ties_are_all_bold_and_nan_is_never_best():
     assert best["synthetic, Dir(0.3)"].tolist() == [False, False, True]
 
 
+def test_combined_sweeps_at_other_local_epochs_keep_every_method_and_say_so():
+    # two sweeps combined: FedAvg only at 1 epoch, FedSelect and Local only at 2 (the most common)
+    rows = [trial("fedavg", s, 0.5) for s in range(3)] + [trial("fedselect", s, 0.7, epochs=2) for s in range(2)]
+    rows += [trial("local", s, 0.6, epochs=2) for s in range(2)]
+    table = tables.methods_table(pd.DataFrame(rows))
+    assert set(table.mean.index) == {"FedAvg", "FedSelect", "Local"}
+    assert "Local epochs = 2 (FedAvg at 1: never run at 2)." in table.full_caption()
+
+
 def test_limit_table_uses_the_most_common_p_and_epochs():
     rows = [trial(pers_rate=0.25, pers_limit=a, seed=s, acc=a / 2) for a in (0.2, 0.5, 0.8) for s in (0, 1)]
     rows += [trial(pers_rate=0.5, pers_limit=0.5, seed=0, acc=0.99)]                 # a rarer p: left out
@@ -404,6 +413,10 @@ def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
     assert table.full_caption() in text
     assert tables.main([str(folder), "--table", "methods", "--markdown", "--out", str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "methods.md").read_text() == text and text in capsys.readouterr().out
+    # written again without --markdown: the twin would be stale, so it goes, and the user is told
+    assert tables.main([str(folder), "--table", "methods", "--out", str(tmp_path / "t")]) == 0
+    assert (tmp_path / "t" / "methods.tex").exists() and not (tmp_path / "t" / "methods.md").exists()
+    assert "removed" in capsys.readouterr().out
 
 
 def test_methods_caption_states_the_thread_count_when_recorded(tmp_path):

@@ -14,6 +14,7 @@ from analysis.traffic import (_pick_dispfl_trial, build_traffic_outputs, busiest
 from fl_core.results import write_parquet
 
 from sweep_helpers import write_v1_sweep
+from latex_check import check_latex
 from table_helpers import body_rows
 
 ROUNDS = 3
@@ -143,8 +144,9 @@ def test_traffic_table(sweep, tmp_path, capsys):
     assert rows["DisPFL"] == [r"\bfseries 75.0 $\pm$ 7.1", "6.0"]  # finished lr 0.1 seeds only: (9 + 3) / 2
     assert "D-PSGD is not in this table: no marks against it" in latex and "blacktriangle" not in latex.split("\\midrule")[1]
     assert "Left out: 1 run that did not finish (reached round 2 of 3)." in latex
-    assert "Cells share fewer than 5 seeds (1–2 in common): no test and no mark" in latex
+    assert "Cells share fewer than 5 seeds (1--2 in common): no test and no mark" in latex
     assert "Busiest node (MB)" in latex and "synthetic, 3 shards" in latex
+    check_latex(latex, tmp_path / "latex")
     markdown = (out / "traffic.md").read_text()
     assert "| DisPFL | **75.0 ± 7.1** | 6.0 |" in markdown
     assert "wrote" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """DisPFL — Dai, Shen, He, Tian, Tao, "DisPFL: Towards Communication-Efficient Personalized
-Federated Learning via Decentralized Sparse Training", ICML 2022 (arXiv 2206.00187); read from the
-reproduction report ../shared/papers/dispfl_reproduction_report_zh.txt (Alg. 1-2), with the gaps
+Federated Learning via Decentralized Sparse Training", ICML 2022 (arXiv 2206.00187); read from a
+reproduction report of it (its Alg. 1-2), with the gaps
 filled from the authors' code rong-dai/DisPFL, marked [C].
 
 Evaluated per client: its sparse personalized model after local training (`acc_local`, the

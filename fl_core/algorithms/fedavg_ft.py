@@ -11,16 +11,23 @@ as a round's local update (`local_epochs`) with the training optimizer (`lr` of 
 `momentum`). A fine-tuning budget below the local update's would hand FedAvg+FT less local
 adaptation than every personalized method gets each round (with 1 epoch at lr 0.1 after 5-epoch
 rounds, some digits clients collapse to one class: 0.912 vs 0.987 on 2 shards per client).
+
+`weak_epochs` holds FedAvg+FT (and FedBABU, FedProx, FedNova) to the devices' limits of
+PerFedMask's comparison: a device below full width runs ⌈E·f⌉ of the E local epochs
+(fl_core/devices.py), as the PerFedMask authors run their full-model baselines.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import models
 from ..client_state import ClientState
 from ..data import ClientData
-from ..knobs import MethodParams, knob
+from ..devices import WeakDeviceParams
+from ..knobs import ConfigError, MethodParams, knob
 from ..training import State, UpdateSpec
-from .base import Algorithm
+from .base import Algorithm, ClientInfo, LocalStats
 
 
 @dataclass(frozen=True)
@@ -54,14 +61,50 @@ class FineTuneProtocol:
         return epochs, lr, momentum
 
 
+@dataclass(frozen=True)
+class LimitedFineTuneParams(FineTuneParams, WeakDeviceParams):
+    """Fine-tuning, and the devices' limits on the local epochs (PerFedMask's full-model baselines)."""
+
+
 class FineTuning(Algorithm):
     """Shared by the methods that fine-tune a copy of the client's model for evaluation."""
 
     Params = FineTuneParams
+    device_ratios: list[float] | None = None  # each device's width ratio, under `weak_epochs` only
     acc_from = "custom"
     evaluates = "fine-tuned copy (acc_global: before fine-tuning)"
     protocol = FineTuneProtocol()
     reports_cost = True  # PerFedMask's tables compare the fine-tuned methods' trainable parameters and FLOPs
+
+    def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
+        limits = self.params if isinstance(self.params, WeakDeviceParams) else None
+        self.device_ratios = (limits.ratios(len(clients), [info.profile for info in clients])
+                              if limits is not None and limits.weak_epochs is not None else None)
+        return super().setup(init, clients)
+
+    def epochs_of(self, k: int, rnd: int) -> int:
+        """Client k's local epochs in round `rnd`: `local_epochs`, or fewer on a device below full
+        width under `weak_epochs` (fl_core/devices.py)."""
+        if self.device_ratios is None:
+            return self.config.local_epochs
+        return self.params.epochs(self.config.local_epochs, self.device_ratios[k])
+
+    def device_metrics(self, k: int, epochs: int) -> dict[str, float]:
+        """Under `weak_epochs`, each row's device: its width `ratio` and the local epochs it ran."""
+        if self.device_ratios is None:
+            return {}
+        return {"ratio": self.device_ratios[k], "epochs_run": float(epochs)}
+
+    def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
+        return self.limited_update(k, client, data, rnd, self.full_update())
+
+    def limited_update(self, k: int, client: ClientState, data: ClientData, rnd: int, update: UpdateSpec,
+                       **options) -> LocalStats:
+        """`epochs_of(k, rnd)` epochs changing `update`, the device's metrics in the rows."""
+        epochs = self.epochs_of(k, rnd)
+        stats = self.run_epochs(k, client, data, rnd, epochs, update, **options)
+        stats.metrics |= self.device_metrics(k, epochs)
+        return stats
 
     def fine_tuned_entries(self, k: int) -> UpdateSpec:
         """What fine-tuning changes: every parameter (HeteroFL: the client's slice)."""
@@ -75,6 +118,11 @@ class FineTuning(Algorithm):
         return self.protocol.resolve(self.params, self.config.local_epochs)
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+        return self.fine_tuned(k, client, data, rnd, self.fine_tuned_entries(k), self.fine_tune_options(k))
+
+    def fine_tuned(self, k: int, client: ClientState, data: ClientData, rnd: int, entries: UpdateSpec,
+                   extra: dict) -> State:
+        """A copy of `client`'s model after fine-tuning `entries` (`extra`: more `train_pass` options)."""
         epochs, lr, momentum = self.fine_tune_settings()
         if epochs == 0:  # the un-tuned model (PerFedMask's baselines unless a study fine-tunes them)
             return client.state
@@ -82,12 +130,46 @@ class FineTuning(Algorithm):
         options = {"momentum": self.config.momentum if momentum is None else momentum}
         if lr is not None:  # else the round's scheduled training lr
             options["lr"] = lr
-        self.run_epochs(k, tuned, data, rnd, epochs, self.fine_tuned_entries(k), purpose="finetune",
-                        **options, **self.fine_tune_options(k))
+        self.run_epochs(k, tuned, data, rnd, epochs, entries, purpose="finetune", **options, **extra)
         return tuned.state
+
+
+class WidthScoring(FineTuning):
+    """A method whose devices train sub-models of one global model (HeteroFL's slices, Split-Mix's
+    bases), scored by default at the device's own width. Under `score_width = "full"` (the
+    PerFedMask authors' scoring of both) `acc` is the full-width global model fine-tuned whole,
+    and the device's own fine-tuned sub-model is the row's `acc_device`; `acc_global` stays the
+    device's sub-model before fine-tuning. A full-width model with BatchNorm would score channels
+    whose running statistics no device gathered for it (the authors gather static statistics
+    after training): a ConfigError."""
+
+    def __init__(self, config, trainer, model_name: str) -> None:
+        super().__init__(config, trainer, model_name)
+        self.device_scores: dict[int, float] = {}
+        if self.params.score_width == "full" and model_name in models.RUNNING_STATS_MODELS:
+            raise ConfigError(f"score_width='full' is not allowed with model {model_name!r}: its BatchNorm running "
+                              f"statistics of the channels outside a device's width were never gathered; use a "
+                              f"model without BatchNorm (e.g. lenet) or score_width='device'")
+
+    def full_width(self, client: ClientState) -> tuple[ClientState, UpdateSpec, dict]:
+        """The full-width global model as client `client` would hold it, what fine-tuning it
+        changes, and its extra `train_pass` options."""
+        raise NotImplementedError
+
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
+        device = super().personalized_model(k, client, data, rnd)
+        if self.params.score_width == "device":
+            return device
+        self.device_scores[k] = self.trainer.evaluate(device, data.x_test, data.y_test) / data.n_test
+        full, entries, extra = self.full_width(client)
+        return self.fine_tuned(k, full, data, rnd, entries, extra)
+
+    def evaluation_metrics(self, k: int, client: ClientState, data: ClientData) -> dict[str, float]:
+        return {"acc_device": self.device_scores.pop(k)} if k in self.device_scores else {}
 
 
 class FedAvgFT(FineTuning):
     name = "fedavg_ft"
     display = "FedAvg+FT"
+    Params = LimitedFineTuneParams
     default_bn_stats = "global"  # FedAvg's global model, statistics included, is what is fine-tuned

@@ -17,6 +17,9 @@ momentum 0.9 (the momentum buffer restarts each epoch here; one optimizer spans 
 there). At the training lr (0.1, no momentum) fine-tuning the fixed random head overshoots:
 digits, 5 local epochs, 2 shards / Dir(0.1): 0.634 / 0.593, against 0.976 / 0.967 with the
 authors' protocol and 0.834 / 0.905 without fine-tuning (issue 14's audit).
+
+In PerFedMask's comparison the devices' limits apply (`weak_epochs`, fl_core/devices.py): a
+device below full width runs ⌈E·f⌉ of the E local epochs, as the PerFedMask authors run FedBABU.
 """
 from __future__ import annotations
 
@@ -24,17 +27,18 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..training import UpdateSpec
 from .base import LocalStats
-from .fedavg_ft import FineTuneProtocol, FineTuning
+from .fedavg_ft import FineTuneProtocol, FineTuning, LimitedFineTuneParams
 
 
 class FedBABU(FineTuning):
     name = "fedbabu"
     display = "FedBABU"
+    Params = LimitedFineTuneParams
     protocol = FineTuneProtocol(min_epochs=5, lr=1e-3, momentum=0.9)
     default_bn_stats = "global"  # one global body trained as FedAvg, statistics included, then fine-tuned
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.trained_entries(k))
+        return self.limited_update(k, client, data, rnd, self.trained_entries(k))
 
     def trained_entries(self, k: int) -> UpdateSpec:
         return {n: None for n in self.body_names}  # the head stays at its initialisation

@@ -15,8 +15,9 @@ local model back towards w^t, limiting client drift under heterogeneous data. It
 μ(w − w^t) is added to the loss gradient before momentum and weight decay act, as a term of the
 loss would be. With μ = 0 the term is skipped altogether, so the method is FedAvg bit for bit.
 
-Left out of the paper: its handling of systems heterogeneity (devices that run fewer local
-epochs, "γ-inexact" solutions, instead of being dropped); every client here runs `local_epochs`.
+Systems heterogeneity: the paper lets devices run fewer local epochs ("γ-inexact" solutions)
+instead of dropping them; here that is `weak_epochs`, the PerFedMask authors' rule (a device below
+full width runs ⌈E·f⌉ epochs, fl_core/devices.py); unset, every client runs `local_epochs`.
 The paper samples devices with probability ∝ n_k and averages uniformly; here the run's
 `participation` and `weighting` apply, as for every method.
 """
@@ -28,11 +29,11 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import Space, knob
 from .base import LocalStats
-from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
+from .fedavg_ft import FineTuneProtocol, FineTuning, LimitedFineTuneParams
 
 
 @dataclass(frozen=True)
-class FedProxParams(FineTuneParams):
+class FedProxParams(LimitedFineTuneParams):
     mu: float = knob(0.01, "weight μ of the proximal term μ/2·||w - w_global||² in every local step "
                      "(0: FedAvg exactly)", low=0,
                      search=Space(choices=(0.001, 0.01, 0.1, 1.0), source="the paper's candidate set of μ, "
@@ -53,5 +54,4 @@ class FedProx(FineTuning):
             return super().local_update(k, client, data, rnd)
         # w^t: the received tensors themselves (a pass returns new tensors and never writes these).
         anchor = {n: client.state[n] for n in self.param_names}
-        return self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
-                               prox=(mu, anchor))
+        return self.limited_update(k, client, data, rnd, self.full_update(), prox=(mu, anchor))

@@ -1,5 +1,5 @@
 """FT (BN C), FT (BN G), FT (BN I): fine-tuning a pretrained model, FedL2P's baselines (Lee et al.,
-NeurIPS 2023, Tables 2-5; `../shared/papers/fedl2p_neurips2023.txt`).
+NeurIPS 2023, Tables 2-5).
 
 The run starts from a pretrained model (`pretrained`: a pretraining run's config hash, the first
 stage of the FedL2P study; or `init_weights`) and trains nothing federatedly: every client
@@ -11,7 +11,13 @@ the authors' inner loop), every BatchNorm layer normalising, in fine-tuning and 
   C  (`bn_mode = "C"`): the client's statistics (β = 1), from one pass of its training split
      through the pretrained model (`fl_core.fedl2p.bn_mixing`, source "client");
   G  the pretrained (global) running statistics (β = 0);
-  I  the incoming batch's statistics, no running statistics (FedBABU's).
+  I  the incoming batch's statistics, no running statistics (FedBABU's);
+  C_authors  FT (BN C) as the FedL2P authors' code runs it: the running statistics restart at
+     0 and 1, fine-tuning in training mode normalises each batch with its own statistics while
+     the running ones follow them, and evaluation uses those running estimates
+     (`fl_core.fedl2p.personalize.fine_tune_tracking`). Ours (C) is the stronger baseline:
+     statistics of the whole training split, fixed; the paper's FT (BN C) numbers are the
+     authors' mode.
 `acc_global` (and `acc_local`) is the pretrained model itself with its running statistics: the
 papers' "Global Acc". Nothing travels: the model reached the clients with the pretraining.
 
@@ -30,12 +36,12 @@ from ..client_state import ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..fedl2p.bn_mixing import bn_layers
-from ..fedl2p.personalize import ClientInputs, Policy, client_inputs, fine_tune, policy_predictor
+from ..fedl2p.personalize import ClientInputs, Policy, client_inputs, fine_tune, fine_tune_tracking, policy_predictor
 from ..knobs import ConfigError, MethodParams, knob
 from ..training import derive_seed
 from .base import Algorithm, LocalStats, Predictor
 
-BN_MODES = ("C", "G", "I")
+BN_MODES = ("C", "G", "I", "C_authors")
 
 
 @dataclass(frozen=True)
@@ -47,10 +53,12 @@ class PersonalizeParams(MethodParams):
 @dataclass(frozen=True)
 class FTParams(PersonalizeParams):
     bn_mode: str = knob("C", "whose BatchNorm statistics the fine-tuned model uses: C = the client's (beta = 1), "
-                        "G = the pretrained global ones (beta = 0), I = the incoming batch's", choices=BN_MODES)
+                        "G = the pretrained global ones (beta = 0), I = the incoming batch's; C_authors = BN C as "
+                        "FedL2P's code runs it (batch statistics in fine-tuning, running estimates restarted at "
+                        "0/1 then tracked, used at evaluation)", choices=BN_MODES)
 
     def label(self, display: str) -> str:
-        return f"{display} (BN {self.bn_mode})"
+        return f"{display} (BN C, authors')" if self.bn_mode == "C_authors" else f"{display} (BN {self.bn_mode})"
 
 
 class Personalizing(Algorithm):
@@ -117,3 +125,10 @@ class FineTune(Personalizing):
     def policy(self, k: int, client: ClientState, data: ClientData) -> Policy:
         beta, source = {"C": (1.0, "client"), "G": (0.0, "client"), "I": (1.0, "batch")}[self.params.bn_mode]
         return Policy(beta, {n: self.config.lr for n in self.param_names}, source)
+
+    def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> Predictor:
+        if self.params.bn_mode != "C_authors":
+            return super().personalized_model(k, client, data, rnd)
+        return fine_tune_tracking(self.trainer.model, client.state, data.x_train, data.y_train, self.config.lr,
+                                  epochs=self.params.ft_epochs, batch_size=self.config.batch_size,
+                                  seed=derive_seed(self.config.seed, k, "personalize"))

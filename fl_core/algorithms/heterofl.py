@@ -7,7 +7,10 @@ Evaluated per client: its own width-r_k sub-model of the broadcast global model 
 `acc` is that same sub-model by default (`ft_epochs` 0); a study that sets `ft_epochs`
 (PerFedMask's personalisation: 5 epochs, `ft_momentum` 0.9) gets `acc` after fine-tuning a copy
 of the sub-model (its slice only) on the client's data, with `acc_global` the accuracy before.
-The full-width global model is never evaluated: each device runs only what it can.
+By default the full-width global model is never evaluated: each device runs only what it can.
+`score_width = "full"` scores it as the PerFedMask authors do (`acc`: the full-width global
+model fine-tuned whole; the device's fine-tuned slice is then `acc_device`; fedavg_ft.py
+`WidthScoring`).
 
 Device k has a width ratio r_k (fl_core/devices.py: `slim_ratios`, `full_share`, or a profile's
 `ratio`) and trains a sub-model cut from the global one: of every hidden layer it keeps the first
@@ -42,9 +45,8 @@ Left out of the authors' HeteroFL: the `Scaler` module (during training each sli
 output is divided by r_k, so that a sub-model's activations match the full model's in scale);
 static BatchNorm (sBN: no running statistics in training, statistics gathered from the clients'
 data after training for the global model; here BN keeps running statistics, each client's own as
-in FedAvg here); the label-split masking of the classifier (each client's head restricted to the
-classes in its data, in training and in aggregation); and the evaluation of the full-width global
-model, which no device here would run.
+in FedAvg here); and the label-split masking of the classifier (each client's head restricted to
+the classes in its data, in training and in aggregation).
 """
 from __future__ import annotations
 
@@ -57,17 +59,17 @@ from torch import Tensor, fx, nn
 
 from ..client_state import ClientState
 from ..data import ClientData
-from ..devices import DeviceParams
+from ..devices import WidthScoringParams
 from ..masks import Mask
 from ..models import is_head
 from ..training import State, UpdateSpec
 from .base import ClientInfo, LocalStats
-from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
+from .fedavg_ft import FineTuneParams, FineTuneProtocol, WidthScoring
 
 
 @dataclass(frozen=True)
-class HeteroFLParams(FineTuneParams, DeviceParams):
-    """HeteroFL's knobs: fine-tuning before evaluation, and the devices' width ratios."""
+class HeteroFLParams(FineTuneParams, WidthScoringParams):
+    """HeteroFL's knobs: fine-tuning before evaluation, the devices' width ratios, the scored width."""
 
 
 # ---------------------------------------------------------------------------- slicing
@@ -187,7 +189,7 @@ def width_slices(model: nn.Module, model_name: str, ratio: float,
 
 
 # ---------------------------------------------------------------------------- the method
-class HeteroFL(FineTuning):
+class HeteroFL(WidthScoring):
     name = "heterofl"
     display = "HeteroFL"
     Params = HeteroFLParams
@@ -233,6 +235,11 @@ class HeteroFL(FineTuning):
 
     def fine_tuned_entries(self, k: int) -> UpdateSpec:
         return self.trained_entries(k)
+
+    def full_width(self, client: ClientState) -> tuple[ClientState, dict, dict]:
+        """`score_width = "full"`: the whole global model, every entry fine-tuned."""
+        whole = dict(client.state) | {n: self.global_state[n].clone() for n in self.shared_names()}
+        return ClientState(state=whole), self.full_update(), {}
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.trained_entries(k))

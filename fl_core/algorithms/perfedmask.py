@@ -1,5 +1,5 @@
 """PerFedMask — Setayesh, Li and Wong, "PerFedMask: Personalized Federated Learning with Optimized
-Masking Vectors", ICLR 2023 (poster in ../shared/papers; authors' code github.com/MehdiSet/PerFedMask).
+Masking Vectors", ICLR 2023 (poster; authors' code github.com/MehdiSet/PerFedMask).
 
 Evaluated per client: a copy of its model fine-tuned on its own data after training (`acc`); the
 same model before fine-tuning is `acc_global` (the poster reports both).

@@ -52,7 +52,7 @@ from ..knobs import MethodParams, knob
 from ..masks import masked_average
 from ..training import State
 from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
-from .fednova import momentum_steps_weight
+from .fednova import local_steps_weight
 
 CONTROL = "scaffold_c"        # client.extra: c_k (name -> tensor); absent while still zero
 DELTA = "scaffold_delta_c"    # client.extra: Δc_k of this round, sent up and dropped by `aggregate`
@@ -79,11 +79,7 @@ class SCAFFOLD(Algorithm):
         """(K, a): the SGD steps of one local update on `n_train` samples and the ℓ1 norm of
         their step weights under the run's momentum (a = K without momentum)."""
         cfg = self.config
-        per_epoch = math.ceil(n_train / cfg.batch_size)
-        steps = cfg.local_epochs * per_epoch
-        if cfg.momentum_scope == "round":
-            return steps, momentum_steps_weight(steps, cfg.momentum)
-        return steps, cfg.local_epochs * momentum_steps_weight(per_epoch, cfg.momentum)
+        return local_steps_weight(cfg.local_epochs, math.ceil(n_train / cfg.batch_size), cfg.momentum, cfg.momentum_scope)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         c, ck = self.control, client.extra.get(CONTROL)

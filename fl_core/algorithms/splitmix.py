@@ -37,7 +37,9 @@ then FedAvg, bit for bit.
 Left out of the authors' code: the dual BatchNorm and the adversarial training of the in-situ
 robustness customisation (clean/noised statistics per base); the authors' re-scaling options for
 the narrow bases' initialisation and layer outputs; their evaluation of every width of the global
-mix on a shared test set (here each device scores its own mix on its own data).
+mix on a shared test set (here each device scores its own mix on its own data, or with
+`score_width = "full"` the mix of all bases, fine-tuned whole, as the PerFedMask authors score
+Split-Mix; the device's own mix is then `acc_device`).
 """
 from __future__ import annotations
 
@@ -53,15 +55,15 @@ from .. import models
 from ..client_state import ClientState
 from ..config import ConfigError, RunConfig
 from ..data import ClientData
-from ..devices import DeviceParams, parse_ratios
+from ..devices import WidthScoringParams, parse_ratios
 from ..masks import Mask
 from ..training import State, UpdateSpec, derive_seed
 from .base import ClientInfo, LocalStats
-from .fedavg_ft import FineTuneParams, FineTuneProtocol, FineTuning
+from .fedavg_ft import FineTuneParams, FineTuneProtocol, WidthScoring
 
 
 @dataclass(frozen=True)
-class SplitMixParams(FineTuneParams, DeviceParams):
+class SplitMixParams(FineTuneParams, WidthScoringParams):
     """Split-Mix's knobs: fine-tuning before evaluation, and the devices' width ratios (whose
     smallest sets the base width)."""
 
@@ -101,7 +103,7 @@ def sum_of_base_losses(bases: Sequence[int]):
     return loss_fn
 
 
-class SplitMix(FineTuning):
+class SplitMix(WidthScoring):
     name = "splitmix"
     display = "Split-Mix FL"
     Params = SplitMixParams
@@ -180,6 +182,13 @@ class SplitMix(FineTuning):
         numel, fwd, bwd = cache["base"]
         n = self.counts[k]
         return {"trainable_params": float(n * numel), "fwd_mflops": n * fwd / 1e6, "bwd_mflops": n * bwd / 1e6}
+
+    def full_width(self, client: ClientState) -> tuple[ClientState, UpdateSpec, dict]:
+        """`score_width = "full"`: the mix of every base, all of them fine-tuned (the authors'
+        `personalization_slimmable`, then scoring at width 1)."""
+        every = list(range(self.m))
+        whole = dict(client.state) | {"active": torch.ones_like(client.state["active"])}
+        return ClientState(state=whole), self.spec(every), {"loss_fn": sum_of_base_losses(every)}
 
     def fine_tune_options(self, k: int) -> dict:
         """Fine-tuning changes the device's own bases 0..k_n-1, on the sum of their cross-entropies

@@ -1,5 +1,5 @@
 """FedL2P: Federated Learning to Personalize (Lee et al., NeurIPS 2023;
-`../shared/papers/fedl2p_neurips2023.txt`, authors' code royson/fedl2p).
+authors' code royson/fedl2p).
 
 The model is pretrained (`pretrained`, the study's first stage) and never changes. What is learned,
 through FL, is λ: BNNet (a client's BN-statistics KL features -> β per BN layer) and LRNet (its

@@ -99,6 +99,28 @@ def fine_tune(model: nn.Module, state: Mapping[str, Tensor], x: Tensor, y: Tenso
     return tuned | buffers
 
 
+def fine_tune_tracking(model: nn.Module, state: Mapping[str, Tensor], x: Tensor, y: Tensor, lr: float, *,
+                       epochs: int, batch_size: int, seed: int) -> dict[str, Tensor]:
+    """FT (BN C) as the FedL2P authors' code runs it (github.com/royson/fedl2p, `KLDBatchNorm2d` at
+    β = 1, read at fe1944e): every BatchNorm layer's running statistics restart at mean 0 and
+    variance 1, then `epochs` of plain SGD at `lr` in training mode, each batch normalised with its
+    own statistics while the running ones follow them (the layer's momentum, 0.1). Returns the
+    state with those running estimates, which the model's ordinary evaluation then normalises
+    with. Same batch order as `fine_tune`."""
+    params, buffers = split_state(model, state)
+    restarted = dict(buffers)
+    for name, module in bn_layers(model):
+        restarted[f"{name}.running_mean"] = torch.zeros_like(buffers[f"{name}.running_mean"])
+        restarted[f"{name}.running_var"] = torch.ones_like(buffers[f"{name}.running_var"])
+        if f"{name}.num_batches_tracked" in buffers:
+            restarted[f"{name}.num_batches_tracked"] = torch.zeros_like(buffers[f"{name}.num_batches_tracked"])
+    if epochs == 0:
+        return dict(params) | restarted
+    tuned, tracked = functional_sgd(model, params, restarted, x, y, {n: lr for n in params}, batch_size=batch_size,
+                                    seed=seed, epochs=epochs)
+    return tuned | tracked
+
+
 def policy_predictor(model: nn.Module, state: Mapping[str, Tensor], policy: Policy, stats: BNStats | None):
     """x -> logits of `state` with every BN layer under the policy's mixing."""
     params, buffers = split_state(model, state)
