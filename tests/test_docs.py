@@ -221,3 +221,11 @@ def test_the_docs_speak_of_the_project_not_of_how_it_was_built():
              if "results" not in page.parts for m in words.finditer(page.read_text())]
     found += [f"README.md: {m.group(0)}" for m in words.finditer((REPO / "README.md").read_text())]
     assert found == []
+
+
+def test_every_committed_figure_is_shown_on_a_page():
+    """A figure under docs/results that no page includes is evidence nobody sees: every one is."""
+    pages = "\n".join(p.read_text() for p in (REPO / "docs").rglob("*.md") if "results" not in p.parts)
+    unseen = [str(f.relative_to(REPO / "docs")) for f in sorted((REPO / "docs" / "results").glob("*/*.png"))
+              if str(f.relative_to(REPO / "docs")) not in pages]
+    assert unseen == []
