@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import ALGORITHMS, get_algorithm
+from fl_core.algorithms import get_algorithm, is_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
 from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
@@ -110,8 +110,12 @@ def _evaluated_note(trials: pd.DataFrame) -> str:
     algorithm_of = dict(zip(trials["method"], trials["algorithm"]))
     by_point: dict[str, list[str]] = {}
     for method in methods_order(trials):
-        if algorithm_of[method] in ALGORITHMS:
-            by_point.setdefault(get_algorithm(algorithm_of[method]).evaluated_model(), []).append(method)
+        try:  # an external method that does not import here is left out of the note
+            point = get_algorithm(algorithm_of[method]).evaluated_model() if is_algorithm(algorithm_of[method]) else None
+        except KeyError:
+            point = None
+        if point is not None:
+            by_point.setdefault(point, []).append(method)
     if not by_point:
         return ""
     parts = [f"{', '.join(methods)}: {point}" for point, methods in by_point.items()]

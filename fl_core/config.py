@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS, params_class
+from .algorithms import ALGORITHMS, is_algorithm, is_external, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
@@ -53,7 +53,8 @@ __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS
 
 @dataclass(frozen=True, init=False)
 class RunConfig:
-    algorithm: str = knob("fedselect", "federated algorithm", choices=ALGORITHMS)
+    algorithm: str = knob("fedselect", "federated algorithm (or package.module:Class, a method outside the registry)",
+                          choices=ALGORITHMS, also=is_external)
     # ---- data (these knobs are the data spec: `data_spec()`)
     dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline); mnist and fmnist "
                         "(Fashion-MNIST) read torchvision's layout under data_root; mnist_c/fmnist_c/digits_c: "
@@ -160,9 +161,13 @@ class RunConfig:
         common = {f.name: f for f in knob_fields(RunConfig)}
         for name, f in common.items():
             object.__setattr__(self, name, values.pop(name) if name in values else f.default)
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"algorithm={self.algorithm!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
-        cls = params_class(self.algorithm)
+        if not is_algorithm(self.algorithm):
+            raise ConfigError(f"algorithm={self.algorithm!r} is not allowed; choose one of {', '.join(ALGORITHMS)} "
+                              f"(or package.module:Class){did_you_mean(str(self.algorithm), ALGORITHMS)}")
+        try:
+            cls = params_class(self.algorithm)
+        except KeyError as err:  # an external method that does not import
+            raise ConfigError(err.args[0]) from None
         if method is None:
             method = cls(**_own_knobs(self.algorithm, cls, values))
         elif values:

@@ -13,7 +13,7 @@ import difflib
 import functools
 import math
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,8 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
 
 def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
          high: float | None = None, low_open: bool = False, high_open: bool = False, data: bool = False,
-         semantic: bool = True, added: bool = False, search: Space | None = None) -> Any:
+         semantic: bool = True, added: bool = False, search: Space | None = None,
+         also: Callable[[Any], bool] | None = None) -> Any:
     """A dataclass field with its help and what is allowed.
 
     `low`/`high` bound numbers (closed unless `low_open`/`high_open`); `None` is allowed only when
@@ -62,10 +63,11 @@ def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | 
     out of the config hash, the Parquet rows and the MLflow params). `added=True` marks a knob
     added after results were first stored: while it keeps its default it stays out of the config
     hash, so the hashes of every earlier run (and the sweeps that can resume them) do not move.
-    `search`: the knob's default search space under a study's `tune` (sweeps/spec.py).
+    `search`: the knob's default search space under a study's `tune` (sweeps/spec.py). `also`:
+    values beyond `choices` that are allowed too (`algorithm`: an external `package.module:Class`).
     """
     metadata = dict(help=help, choices=choices, low=low, high=high, low_open=low_open, high_open=high_open,
-                    data=data, semantic=semantic, added=added, search=search)
+                    data=data, semantic=semantic, added=added, search=search, also=also)
     return field(default=default, metadata=metadata)
 
 
@@ -117,7 +119,7 @@ def check_fields(obj) -> None:
             raise ConfigError(f"{f.name}={value!r} must be {'an integer' if kind is int else 'a number'}")
         if kind is float and not math.isfinite(value):
             raise ConfigError(f"{f.name}={value!r} must be a finite number")
-        if meta.get("choices") and value not in meta["choices"]:
+        if meta.get("choices") and value not in meta["choices"] and not (meta.get("also") and meta["also"](value)):
             raise ConfigError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
         low, high = meta.get("low"), meta.get("high")
         if low is not None and (value <= low if meta.get("low_open") else value < low):

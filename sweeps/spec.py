@@ -76,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fl_core.algorithms import ALGORITHMS
+from fl_core.algorithms import ALGORITHMS, is_algorithm
 from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners, search_space
 from fl_core.knobs import Space, did_you_mean
 from fl_core.results import REPORT_ROUNDS
@@ -178,7 +178,7 @@ def _tune(value: Any, where: str) -> tuple[str, ...]:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise SweepError(f"{where}={value!r}: give \"all\" or a list of algorithms, e.g. [\"fedselect\", \"fedavg\"]")
-    bad = [n for n in names if n != ALL and n not in ALGORITHMS]
+    bad = [n for n in names if n != ALL and not is_algorithm(n)]
     if bad or (ALL in names and len(names) > 1):
         raise SweepError(f"{where}={value!r}: " + (f"{bad[0]!r} is not an algorithm; choose among "
                          f"{', '.join(ALGORITHMS)}" if bad else "\"all\" stands alone") + " (or \"all\")")
@@ -190,8 +190,9 @@ def _method(entry: dict[str, Any], where: str, tuned: bool) -> Method:
     `fixed = true` (every other method is searched there, anchors included)."""
     entry = dict(entry)
     algorithm = entry.pop("algorithm", None)
-    if algorithm not in ALGORITHMS:
-        raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    if not is_algorithm(algorithm):
+        raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)} (or "
+                         f"package.module:Class)")
     key, other = ("fixed", "anchor") if tuned else ("anchor", "fixed")
     if other in entry:
         raise SweepError(f"{where}: `{other}` " + (
@@ -210,7 +211,7 @@ def _pretraining(table: Any, where: str) -> Method:
         raise SweepError(f"{where}: expected a table (algorithm = \"fedavg\" and the pretraining's knobs)")
     entry = dict(table)
     algorithm = entry.pop("algorithm", None)
-    if algorithm not in ALGORITHMS:
+    if not is_algorithm(algorithm):
         raise SweepError(f"{where}: algorithm={algorithm!r}; choose one of {', '.join(ALGORITHMS)} "
                          f"(typically fedavg or fedbabu)")
     for name, value in entry.items():
@@ -457,7 +458,7 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
 
 
 def _replace_methods(methods: list[Method], names: list[str], anchor: bool) -> list[Method]:
-    bad = [n for n in names if n not in ALGORITHMS]
+    bad = [n for n in names if not is_algorithm(n)]
     if bad:
         raise SweepError(f"algorithm={bad[0]!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
     kept = [m for m in methods if m.anchor != anchor]

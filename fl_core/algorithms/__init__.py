@@ -5,6 +5,11 @@ Each method lives in one file: its class (hooks on `base.Algorithm`) and its own
 live beside their building blocks in `fl_core.fedl2p` (`algorithm.py`, `l2p.py`). A module is
 imported only when a run (or a CLI, or a config check) needs that method, and this file imports
 no torch, so that `fl_core.config` can list the methods cheaply.
+
+A method outside this package is named `package.module:Class` wherever `algorithm` is given (a
+run, a study's [[methods]]): the module must be importable where the run happens (installed, or
+on PYTHONPATH, also for Ray's workers), and the class a subclass of `base.Algorithm`
+(docs/writing-a-method.md has a complete one).
 """
 from __future__ import annotations
 
@@ -50,12 +55,39 @@ _IMPLEMENTATIONS = {
 ALGORITHMS = tuple(_IMPLEMENTATIONS)
 
 
+def is_external(name: object) -> bool:
+    """Whether `name` has the form of a method outside the registry, `package.module:Class`."""
+    module, sep, cls = str(name).partition(":")
+    return bool(sep) and all(part.isidentifier() for part in module.split(".")) and cls.isidentifier()
+
+
+def is_algorithm(name: object) -> bool:
+    """A registered method's name, or an external one's `package.module:Class`."""
+    return name in _IMPLEMENTATIONS or is_external(name)
+
+
 def get_algorithm(name: str) -> type:
     """The class of the method `name` (a `base.Algorithm`), its module imported on first use."""
+    if is_external(name):
+        return _external(name)
     if name not in _IMPLEMENTATIONS:
-        raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)}")
+        raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(ALGORITHMS)} (or package.module:Class)")
     module, cls = _IMPLEMENTATIONS[name]
     return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), cls)
+
+
+def _external(name: str) -> type:
+    module, _, cls = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as err:
+        raise KeyError(f"algorithm {name!r}: cannot import {cls} from {module} ({err}); the module must be "
+                       f"importable where runs happen (installed, or on PYTHONPATH)") from None
+    # an Algorithm subclass, told by its bases' names: importing base here would close an import cycle
+    if not (isinstance(found, type) and any(f"{c.__module__}.{c.__qualname__}" == f"{__name__}.base.Algorithm"
+                                             for c in found.__mro__)):
+        raise KeyError(f"algorithm {name!r}: {cls} is not a subclass of fl_core.algorithms.base.Algorithm")
+    return found
 
 
 def params_class(name: str) -> type[MethodParams]:
@@ -63,4 +95,4 @@ def params_class(name: str) -> type[MethodParams]:
     return get_algorithm(name).Params
 
 
-__all__ = ["ALGORITHMS", "get_algorithm", "params_class"]
+__all__ = ["ALGORITHMS", "get_algorithm", "is_algorithm", "is_external", "params_class"]
