@@ -356,6 +356,8 @@ def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ..
     owners = knob_owners()
     for algorithm in ALGORITHMS:
         cls = params_class(algorithm)
+        if hasattr(parser, "method_knobs"):  # `--help METHOD` (fl_core.knobs.OneLineParser)
+            parser.method_knobs[algorithm] = [f.name for f in knob_fields(cls) if f.name not in skip]
         names = [f.name for f in knob_fields(cls) if f.name not in seen]
         if not names:
             continue

@@ -12,6 +12,8 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
+import sys
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -181,14 +183,62 @@ class NoParams(MethodParams):
 
 # ---------------------------------------------------------------------------- command lines
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (the usage of a command with hundreds of
-    knob flags would bury them): the error, a guess for a misspelt flag, and where help is."""
+    """An argument parser for commands with hundreds of knob flags. Errors are one line (the
+    error, a guess for a misspelt flag, where help is), never the usage. `--help` is a summary of
+    one line per flag outside the method groups; `--help METHOD` lists one method's knobs (those
+    `method_knobs` names, filled by `fl_core.config.add_run_arguments`); `--help all` is
+    argparse's full help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, add_help=False, **kwargs)
+        self.method_knobs: dict[str, list[str]] = {}
+        self.add_argument("-h", "--help", nargs="?", const="", metavar="METHOD|all", action=_HelpAction,
+                          help="this summary; --help METHOD: that method's knobs; --help all: every flag in full")
 
     def error(self, message: str) -> typing.NoReturn:
         if message.startswith("unrecognized arguments: "):
             flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
             message += did_you_mean(flag, [o for a in self._actions for o in a.option_strings])
         self.exit(2, f"{self.prog}: error: {message} (all flags: {self.prog} --help)\n")
+
+    def help_text(self, topic: str) -> str:
+        """What `--help [topic]` prints (see the class docstring)."""
+        if topic == "all":
+            return self.format_help()
+        if topic:
+            if topic not in self.method_knobs:
+                self.error(f"--help {topic}: not a method{did_you_mean(topic, self.method_knobs)}; one of "
+                           f"{', '.join(self.method_knobs)}, or all")
+            wanted = set(self.method_knobs[topic])
+            lines = [f"{topic}'s own knobs (set them as --flag VALUE; the common knobs: {self.prog} --help):"]
+            return "\n".join(lines + [_flag_line(a) for a in self._actions if a.dest in wanted]) + "\n"
+        mine = {a.dest for names in self.method_knobs.values() for a in self._actions if a.dest in names}
+        lines = [f"usage: {self.prog} [--FLAG VALUE ...]", "", (self.description or "").split("\n")[0], ""]
+        for group in self._action_groups:
+            shown = [a for a in group._group_actions if a.dest not in mine and a.option_strings]
+            if shown:
+                lines += [f"{group.title}:", *map(_flag_line, shown), ""]
+        if self.method_knobs:
+            lines.append(f"Each method's own knobs: {self.prog} --help METHOD, METHOD one of "
+                         f"{', '.join(self.method_knobs)}.")
+        lines.append(f"Every flag with its allowed values: {self.prog} --help all")
+        return "\n".join(lines) + "\n"
+
+
+class _HelpAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        sys.stdout.write(parser.help_text(values or ""))
+        parser.exit(0)
+
+
+def _flag_line(action: argparse.Action, width: int = 118) -> str:
+    """One line for a flag: its name, its help's first clause (cut to the width) and its default."""
+    text = re.split(r"; one of |; in [\[(]| \(default: ", (action.help or "").replace("%%", "%"))[0].split(". ")[0]
+    default = "" if action.default in (argparse.SUPPRESS, None, False) or action.nargs == 0 else \
+        f" (default {action.default[0] if isinstance(action.default, list) and len(action.default) == 1 else action.default})"
+    head = f"  {', '.join(action.option_strings):<30} "
+    room = width - len(head) - len(default)
+    return head + (text if len(text) <= room else text[:max(room - 1, 0)] + "…") + default
 
 
 

@@ -2,6 +2,7 @@
 import dataclasses
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,25 @@ def test_a_flag_error_is_one_line_with_a_guess_and_no_usage(tmp_path, capsys, ar
     assert err.rstrip().endswith("(all flags: python -m fl_core --help)")
 
 
-def test_help_documents_every_knob_of_every_method_with_its_default():
-    help_text = subprocess.run([sys.executable, "-m", "fl_core", "--help"], capture_output=True, text=True,
-                               cwd=REPO, check=True).stdout
+def help_of(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "fl_core", *args], capture_output=True, text=True, cwd=REPO,
+                          check=True).stdout
+
+
+def test_help_is_a_summary_under_80_lines_with_each_method_on_request():
+    summary = help_of("--help")
+    assert len(summary.splitlines()) < 80
+    for name in COMMON_KNOBS:  # one line per common knob, with its default where it has one
+        assert "--" + name.replace("_", "-") in summary, name
+    assert "--pers-rate" not in summary and "(default 20)" in summary  # rounds
+    assert "--help METHOD, METHOD one of fedselect, fedavg," in summary
+    fedbabu = help_of("--help", "fedbabu")
+    assert {"--ft-epochs", "--weak-epochs", "--slim-ratios"} <= set(re.findall(r"--[a-z-]+", fedbabu))
+    assert "--pers-rate" not in fedbabu and len(fedbabu.splitlines()) < 20
+
+
+def test_help_all_documents_every_knob_of_every_method_with_its_default():
+    help_text = help_of("--help", "all")
     flat = " ".join(help_text.split())  # argparse wraps lines
     for name in COMMON_KNOBS:
         assert "--" + name.replace("_", "-") in help_text, name
