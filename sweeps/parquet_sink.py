@@ -136,13 +136,15 @@ def compact_trial(sweep_dir: Path, config_hash: str, rounds: int) -> Path | None
 
 def unify_schema(sweep_dir: str | Path) -> int:
     """Give every Parquet file of the sweep's rounds/, clients/ and masks/ its folder's union
-    schema (see the module docstring); each rewrite is atomic. Returns the files rewritten."""
+    schema (see the module docstring); each rewrite is atomic. A file that cannot be read is left
+    as it is (reading the sweep names it: `DamagedFile`). Returns the files rewritten."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rewritten = 0
     for name in ("rounds", "clients", "masks"):
-        files = sorted(p for p in (Path(sweep_dir) / name).glob("*.parquet") if not p.name.startswith("."))
+        files = sorted(p for p in (Path(sweep_dir) / name).glob("*.parquet")
+                       if not p.name.startswith(".") and unreadable(p) is None)
         schemas = [pq.read_schema(f).remove_metadata() for f in files]
         if len(files) < 2 or all(s.equals(schemas[0]) for s in schemas):
             continue

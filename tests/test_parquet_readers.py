@@ -67,3 +67,12 @@ def test_a_folder_that_is_not_a_sweep_is_one_clear_error(sweep):
         read_sweep(sweep.parent)
     with pytest.raises(ValueError, match="no sweep below it either"):
         read_sweep(sweep / "rounds")
+
+
+def test_a_damaged_file_is_left_as_it_is_and_the_rest_unified(sweep):
+    files = sorted((sweep / "rounds").glob("*.parquet"))
+    damaged = files[-1]
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a copy cut short
+    assert unify_schema(sweep) > 0
+    assert damaged.stat().st_size == 100
+    assert len({pq.read_schema(f).remove_metadata() for f in files[:-1]}) == 1
