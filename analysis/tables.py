@@ -97,8 +97,9 @@ def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
 
 
 def _knob_text(knobs: list[str], values: tuple) -> str:
+    """`p = 0.53, α = 0.359`: numbers to 3 significant digits (a search's draws carry six)."""
     names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
-    return ", ".join(f"{names.get(k, k)} = {v:g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
+    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
                      for k, v in zip(knobs, values))
 
 
