@@ -223,18 +223,26 @@ def limit_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
 
 
 def ablation_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
-    """Table 3: FedSelect variants × data settings, at the most common (p, α, local epochs)."""
+    """Table 3: FedSelect variants × data settings, marked against GradSelect: at the most common
+    (p, α, local epochs), or in a tuned study each variant at its own chosen configuration."""
     trials = _labelled(trials)
     fedselect = trials[trials["algorithm"] == "fedselect"]
     if fedselect.empty:
         raise TableError("ablation table: no FedSelect trials")
-    knobs = ["pers_rate", "pers_limit", "local_epochs"]
-    values = _most_common(fedselect, knobs)
-    chosen = _at(fedselect, knobs, values)
+    notes = [tuning_note(fedselect)]
+    if notes[0]:  # each variant searched alike: its chosen configuration, named in search_best
+        chosen, picked = _one_configuration(fedselect)
+        notes += picked
+        caption = "FedSelect ablations, each variant at the configuration its search chose (table search_best)."
+    else:
+        knobs = ["pers_rate", "pers_limit", "local_epochs"]
+        values = _most_common(fedselect, knobs)
+        chosen = _at(fedselect, knobs, values)
+        caption = f"FedSelect ablations ({_knob_text(knobs, values)})."
     table = summarize(chosen, "method", "setting", "ablation", methods_order(chosen),
-                      settings_order(chosen), mode, caption=f"FedSelect ablations ({_knob_text(knobs, values)}).",
-                      references=ABLATION_REFERENCE)
+                      settings_order(chosen), mode, caption=caption, references=ABLATION_REFERENCE)
     table.row_title = "Variant"
+    table.notes = [n for n in notes if n]
     return table
 
 
@@ -281,7 +289,8 @@ def supported(trials: pd.DataFrame) -> list[str]:
     if trials["algorithm"].nunique() > 1:
         found.append("methods")
     if "stage" in trials and trials["stage"].isin(["select", "confirm"]).any():
-        return found  # knob-keyed tables of sampled values: search_best.tex instead
+        # knob-keyed tables of sampled values: search_best.tex instead; the variants' table stays
+        return found + (["ablation"] if variants > 1 else [])
     if varies("pers_limit"):
         found.append("limit")
     if variants > 1:

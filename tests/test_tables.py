@@ -555,3 +555,16 @@ def test_final_accuracies_take_the_reported_round_of_the_seen_clients_only():
     assert seen.to_dict() == {"a": 0.9, "b": 0.45}                           # b: not in the map, its last round
     unseen = final_accuracies(rows, pool="unseen", reported={"a": 2})
     assert unseen["value"].tolist() == [0.3]                                  # scored after the last round only
+
+
+def test_a_tuned_ablation_study_gets_its_variants_table_marked_against_gradselect():
+    from conftest import REPO
+
+    trials = load_trials(REPO / "docs" / "results" / "ablation-fmnist" / "data" / "ablation-fmnist")
+    made = tables.make_tables(trials)
+    assert list(made) == ["ablation"]  # one algorithm: no methods table against absent FedAvg and Local
+    table = made["ablation"]
+    assert "each variant at the configuration its search chose" in table.full_caption()
+    assert "significantly better/worse than FedSelect" in table.full_caption()
+    assert set(table.mean.index) == {"FedSelect", "FedSelect (layer A)", "FedSelect (layer D)",
+                                     "FedSelect (personalize least)", "FedSelect (random)"}
