@@ -55,7 +55,9 @@ from fl_core.results import MB, across_seeds
 PERSONALIZING = ("ft", "l2p", "fedl2p")  # the methods that fine-tune a pretrained model
 META = ("l2p", "fedl2p")                 # those that learn a policy (λ)
 GLOBAL = "Global Acc"
-METHODS = ("FT (BN C)", "FT (BN G)", "FT (BN I)", "L2P", "FedL2P")  # the paper's Table 2/3 columns
+# the paper's Table 2/3 columns; FT (BN C) twice: ours (the client's statistics of its whole training
+# split, fixed) and the authors' (batch statistics in fine-tuning, running estimates at evaluation)
+METHODS = ("FT (BN C)", "FT (BN C, authors')", "FT (BN G)", "FT (BN I)", "L2P", "FedL2P")
 # FedL2P (IFT): the meta-gradient ablation since FOMAML+ is the default; (FOMAML+): older sweeps' label
 ABLATIONS = ("FedL2P (BNNet)", "FedL2P (LRNet, β = 1)", "FedL2P (LRNet, β = 0)", "FedL2P (IFT)", "FedL2P (FOMAML+)")
 REFERENCE = ("FT (BN C)",)            # the paper's baseline: fine-tuning with the client's BN statistics
