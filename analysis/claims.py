@@ -132,6 +132,8 @@ DIFFERS = {
     "perfedmask_fmnist_c1": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 25 rounds",
     "fedl2p_fmnist": "Fashion-MNIST (and its corruptions) and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, "
                      "40 meta rounds, not 500",
+    "fedl2p_table1": "Fashion-MNIST and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, 40 meta rounds, not 500; "
+                     "alphas 1000 and 0.1 of four",
 }
 FEDL2P_NAMES = {"FedL2P (IFT)": "FedL2P (IFT, the paper's meta-gradient)", "FedL2P": "FedL2P (FOMAML+)"}
 # FedL2P's rows: (its table, the clients, its number (what differs from ours), our setting, the measure)
@@ -190,6 +192,12 @@ CLAIMS = (
             ("fedl2p_fmnist",), SUPERIORITY, method, "FT (BN C, authors')", source=f"FedL2P (NeurIPS 2023), {table}",
             setting=setting, measure=measure)
       for table, where, number, setting, measure in FEDL2P_TABLES for method in ("FedL2P (IFT)", "FedL2P")),
+    # Table 1: one sweep per pretraining (its name says which), Dir(1000) and Dir(0.1)
+    Claim("FedL2P", "FedL2P complements the pretraining method: FedL2P (IFT) outperforms FT (BN C) after FedAvg, "
+          "FedBABU and Per-FedAvg (HF) pretraining", "CIFAR-10, e = 15, Dir(1000) / Dir(0.1): FedAvg 65.13 vs 63.04 / "
+          "80.28 vs 79.15; FedBABU 66.49 vs 65.00 / 79.58 vs 79.50; Per-FedAvg (HF) 47.58 vs 34.58 / 77.68 vs 77.31 "
+          "(ours: e = 5)", ("fedl2p_table1",), SUPERIORITY, "FedL2P (IFT)", "FT (BN C, authors')",
+          source="FedL2P (NeurIPS 2023), Table 1"),
     Claim("FedL2P", "FedL2P (IFT) outperforms FT (BN C) with each client's statistics of its whole training split, "
           "fixed (ours: stronger than the authors')", "not in the paper (its FT (BN C) is the authors' mode)",
           ("fedl2p_fmnist",), SUPERIORITY, "FedL2P (IFT)", "FT (BN C)", source="FedL2P (NeurIPS 2023), Tables 2-3"),
