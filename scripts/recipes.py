@@ -45,23 +45,16 @@ RECIPES: dict[str, Recipe] = {
         (_fmnist("feature_shift.py", "feature-shift-fmnist-lg80", "--partition", "domain_dirichlet", "--algorithms",
                  "lg_fedavg", "--rounds", "80", "--eval-every", "8"),), needs_data=True),
     "perfedmask-fmnist": Recipe(
-        "PerFedMask and the seven methods of its table on Fashion-MNIST",
-        (_fmnist("perfedmask.py", "perfedmask-fmnist", "--algorithms", "perfedmask", "fedbabu", "fedprox", "fednova",
-                 "heterofl", "splitmix", "fedavg_ft"),), needs_data=True),
-    "perfedmask-fmnist-c01": Recipe(
-        "PerFedMask's study at c = 0.1 to 200 rounds",
-        (_fmnist("perfedmask.py", "perfedmask-fmnist-c01", "--participation", "0.1", "--rounds", "200",
-                 "--eval-every", "40"),), needs_data=True),
-    "perfedmask-fmnist-c1-100": Recipe(
-        "FedBABU and PerFedMask at c = 1 to 100 rounds",
-        (_fmnist("perfedmask.py", "perfedmask-fmnist-c1-100", "--participation", "1.0", "--algorithms", "fedbabu",
-                 "perfedmask", "--rounds", "100", "--eval-every", "20"),), needs_data=True),
+        "PerFedMask and its baselines as the authors run them, c = 0.1 (10 of 100 devices a round)",
+        (_fmnist("perfedmask.py", "perfedmask-fmnist"),), needs_data=True),
+    "perfedmask-fmnist-c1": Recipe(
+        "PerFedMask and its baselines as the authors run them, c = 1 (every device every round)",
+        (("perfedmask-fmnist-c1", "perfedmask.py", ("--preset", "fmnist_c1")),), needs_data=True),
     "fedl2p-fmnist": Recipe("FedL2P's two stages on fmnist_c", (_fmnist("fedl2p.py", "fedl2p-fmnist"),),
                             needs_data=True, reports=(("analysis.fedl2p_learning", "learning.md", "val_loss.png"),)),
     "fedl2p-table1": Recipe(
-        "FedL2P's Table 1 in kind: three pretrainings x Dir alpha",
-        tuple(_fmnist("fedl2p.py", f"t1-{p}", "--corruptions", "clean", "--dir-alpha", "1000", "1.0", "0.5", "0.1",
-                      "--algorithms", "ft", "fedl2p", "--bn-mode", "C", "--seeds", "0", "1", "2", "--pretraining", p)
+        "FedL2P's Table 1 in kind: three pretrainings, Dir(1000) and Dir(0.1), tuned alike",
+        tuple(("t1-" + p, "fedl2p.py", ("--preset", "table1", "--pretraining", p))
               for p in ("fedavg", "fedbabu", "perfedavg_hf")),
         table="fedl2p", needs_data=True, figures=False),
     "baselines-pfl": Recipe(
@@ -76,5 +69,5 @@ RECIPES: dict[str, Recipe] = {
                      "(python -m analysis.claims)", (), figures=False),
 }
 CLAIMS_FROM = ("fedselect-grid-fmnist", "baselines-fmnist", "ablation-fmnist", "dispfl-fmnist",
-               "feature-shift-fmnist", "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c01",
-               "perfedmask-fmnist-c1-100", "fedl2p-fmnist")
+               "feature-shift-fmnist", "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c1",
+               "fedl2p-fmnist", "fedl2p-table1")
