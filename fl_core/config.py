@@ -3,7 +3,7 @@
 A run's knobs are the *common* knobs below (data, model, schedule, optimiser, resources) plus the
 chosen method's *own* knobs, declared beside the method in its algorithm file (e.g. FedSelect's
 `pers_rate` in fl_core/algorithms/fedselect.py) and held in `config.method`. The flat view
-(`to_dict`, `from_dict`, keyword arguments) uses the project's names (DESIGN.md, "Names"); they
+(`to_dict`, `from_dict`, keyword arguments) uses the project's knob names everywhere; they
 are the CLI flags (with dashes), the Parquet columns and the MLflow params.
 
     RunConfig(algorithm="fedselect", pers_rate=0.25)       # method knobs as keywords
