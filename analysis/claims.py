@@ -452,10 +452,14 @@ def verdict_of(row: pd.Series) -> dict:
 
 # ---------------------------------------------------------------- the page
 
-HEADER = ("Source", "Claim", "Type", "Paper's number", "Sweep", "Setting", "Scale", "Differs from the paper",
-          "Ours, A vs B (%)", "A − B, 95 % CI (pp)", "Seeds", "Test", "Holm p", "Verdict")
-KEYS = ("source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours", "difference",
-        "seeds", "test", "holm_p")
+# The page's columns: the claim and its verdict first, then the numbers behind it, then where it
+# comes from and how it ran (the last columns may scroll on a narrow screen; the verdict never does)
+PAGE = (("Claim", "claim"), ("Verdict", "verdict"), ("Ours, A vs B (%)", "ours"), ("A − B, 95 % CI (pp)", "difference"),
+        ("Holm p", "holm_p"), ("Seeds", "seeds"), ("Test", "test"), ("Type", "type"), ("Source", "source"),
+        ("Paper's number", "paper_number"), ("Sweep", "study"), ("Setting", "setting"), ("Scale", "scale"),
+        ("Differs from the paper", "differs"))
+HEADER = tuple(h for h, _ in PAGE)
+KEYS = tuple(k for _, k in PAGE if k != "verdict")
 
 
 def cell(row: dict, key: str) -> str:
@@ -473,7 +477,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in table.to_dict("records"):
         verdict = f"**{row['verdict']}**" + (f" {row['note']}" if cell(row, "note") else "")
-        lines.append("| " + " | ".join([cell(row, k) for k in KEYS] + [verdict]) + " |")
+        lines.append("| " + " | ".join(verdict if k == "verdict" else cell(row, k) for _, k in PAGE) + " |")
     chosen = table.dropna(subset=["selection"]).drop_duplicates("study")
     notes = [f"Configurations compared in {s}: {how}." for s, how in zip(chosen["study"], chosen["selection"]) if how]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
