@@ -62,7 +62,7 @@ import pandas as pd
 from fl_core.results import write_parquet
 from sweeps.spec import load_spec
 
-from . import paired
+from . import numbers, paired
 from .common import SELECT, chosen_trials, methods_order, selection_phrase, settings_order, stage_column
 from .load import DamagedFile, diverged, find_sweeps, load_rounds, load_trials, unfinished
 
@@ -248,7 +248,7 @@ def busiest_mb(sweep: Path, chosen: pd.DataFrame) -> pd.Series:
 # ---------------------------------------------------------------- one row: a claim in a setting
 
 def pct(value: float) -> str:
-    return "--" if not math.isfinite(value) else f"{100 * value:.1f}"
+    return numbers.pct(value)
 
 
 def interval(d: paired.Difference) -> str:
@@ -256,8 +256,8 @@ def interval(d: paired.Difference) -> str:
     if d.n == 0:
         return "--"
     if not math.isfinite(d.ci_low):
-        return f"{100 * d.mean:+.1f}"
-    return f"{100 * d.mean:+.1f} [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}]"
+        return numbers.pct(d.mean, sign=True)
+    return f"{numbers.pct(d.mean, sign=True)} [{numbers.pct(d.ci_low, sign=True)}, {numbers.pct(d.ci_high, sign=True)}]"
 
 
 def untested(reason: str, verdict: str = UNSURE) -> dict:
@@ -447,7 +447,7 @@ def verdict_of(row: pd.Series) -> dict:
                 "test": f"TOST {margin}; {family}"}
     power = paired.detectable(row["sd"], int(row["seeds"]))
     return {"verdict": UNSURE, "holm_p": row["holm_p_claim"], "test": f"{TEST_NAMES[kind]}; {family}",
-            "note": f"(detectable at 80 % power: ≥ {100 * power:.1f} pp)" if math.isfinite(power) else ""}
+            "note": f"(detectable at 80 % power: ≥ {numbers.pct(power)} pp)" if math.isfinite(power) else ""}
 
 
 # ---------------------------------------------------------------- the page

@@ -198,7 +198,8 @@ def test_every_list_in_the_docs_starts_after_a_blank_line():
     glued = []
     for page in sorted((REPO / "docs").rglob("*.md")):
         lines, fenced = page.read_text().splitlines(), False
-        for i, line in enumerate(lines):
+        start = lines.index("---", 1) + 1 if lines[:1] == ["---"] else 0   # after the page's front matter
+        for i, line in enumerate(lines[start:], start):
             fenced ^= line.strip().startswith("```")
             before = lines[i - 1] if i else ""
             if not fenced and item.match(line) and before.strip() and not item.match(before) \
