@@ -38,7 +38,7 @@ import re  # noqa: E402
 
 import reproduce  # noqa: E402
 
-INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', re.M)
+INCLUDE = re.compile(r'^ *--8<-- "([^"]+)"$', re.M)   # indented: inside a collapsed block
 
 
 def test_the_readme_fits_two_screens_and_shows_the_committed_default_table():
