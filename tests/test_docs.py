@@ -230,3 +230,6 @@ def test_every_committed_figure_is_shown_on_a_page():
     unseen = [str(f.relative_to(REPO / "docs")) for f in sorted((REPO / "docs" / "results").glob("*/*.png"))
               if str(f.relative_to(REPO / "docs")) not in pages]
     assert unseen == []
+    # and zoomable: every figure on a page is a link to its own file (a click opens it full size)
+    bare = re.findall(r"^ *!\[[^\]]*\]\([^)]+\)", pages, re.M)
+    assert bare == []
