@@ -233,3 +233,26 @@ def test_every_committed_figure_is_shown_on_a_page():
     # and zoomable: every figure on a page is a link to its own file (a click opens it full size)
     bare = re.findall(r"^ *!\[[^\]]*\]\([^)]+\)", pages, re.M)
     assert bare == []
+
+
+def test_every_module_a_page_names_is_on_the_api_page():
+    """A page that sends readers to `analysis.stats.compare` needs `analysis.stats` in the API
+    reference: every module the pages name (the longest importable prefix of a dotted name)."""
+    api = set(re.findall(r"^::: (\S+)$", (REPO / "docs" / "api.md").read_text(), re.M))
+    named = set()
+    for page in (REPO / "docs").rglob("*.md"):
+        if "results" in page.parts:
+            continue
+        for dotted in re.findall(r"\b((?:fl_core|sweeps|analysis)(?:\.[a-z_0-9]+)+)", page.read_text()):
+            parts, module = dotted.split("."), None
+            for i in range(2, len(parts) + 1):   # the longest prefix that is a module
+                try:
+                    found = importlib.util.find_spec(".".join(parts[:i])) is not None
+                except ModuleNotFoundError:      # a prefix that is a module, not a package
+                    found = False
+                if not found:
+                    break
+                module = ".".join(parts[:i])
+            if module:          # not a file name such as analysis.md
+                named.add(module)
+    assert sorted(named - api) == []
