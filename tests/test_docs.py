@@ -2,6 +2,8 @@
 or an unresolvable API reference fails), and its Methods page is what the registry generates."""
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 import os
 import subprocess
@@ -21,6 +23,7 @@ def test_the_methods_page_is_generated_from_the_registry_and_up_to_date():
     assert "| `pers_rate` | `0.25` |" in text and "| `ditto_lambda` | `1.0` |" in text
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     assert importlib.util.find_spec("mkdocs") is not None, "mkdocs is a docs dependency: run scripts/setup.sh"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
@@ -157,6 +160,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     assert reproduce.main(["default", "--check", "--from-data"]) == 0   # the tables, from the kept data alone
 
 
+@pytest.mark.slow
 def test_every_table_with_committed_data_recomputes_from_it(capsys):
     """Each docs/results/NAME/data/ (the compacted Parquet of NAME's sweeps) gives NAME's committed
     tables again, without running a sweep: what a fresh clone can check."""
