@@ -54,13 +54,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from fl_core.results import write_parquet
-from sweeps.spec import load_spec
 
 from . import numbers, paired
 from .common import SELECT, chosen_trials, methods_order, selection_phrase, settings_order, stage_column
@@ -174,11 +174,17 @@ CLAIMS = (
 
 # ---------------------------------------------------------------- the data
 
-def study_name(sweep: Path) -> str:
+def study_file(sweep: Path) -> dict:
+    """The study.toml the sweep saved (checked by the sweep when it ran); {} where there is none or
+    it cannot be read: such a folder tests no claim."""
     try:
-        return load_spec(sweep / "study.toml").name
-    except Exception:  # noqa: BLE001 - a folder without a readable study file tests no claim
-        return ""
+        return tomllib.loads((sweep / "study.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def study_name(sweep: Path) -> str:
+    return str(study_file(sweep).get("name", ""))
 
 
 def fair_protocol(trials: pd.DataFrame) -> bool:
