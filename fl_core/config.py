@@ -149,7 +149,7 @@ class RunConfig:
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
     download: bool = knob(False, "download mnist/fmnist/cifar10 (and the base set of mnist_c/fmnist_c) if missing (needs internet)", data=True, semantic=False)
     device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
-    threads: int | None = knob(None, "torch CPU threads (none = torch's default)", low=1, semantic=False)
+    threads: int | None = knob(None, "torch CPU threads (none = torch's default; a single run of python -m fl_core: 1 for the small CNNs)", low=1, semantic=False)
     checkpoint_dir: str | None = knob(None, "folder of model checkpoints <config_hash>.pt: where `pretrained` is read "
                                       "from, and where `python -m fl_core` writes the run's final model when given; "
                                       "a sweep uses <sweep>/checkpoints (none = ./checkpoints)", semantic=False)
