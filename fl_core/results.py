@@ -323,14 +323,16 @@ def reported_round(history: Sequence[Mapping[str, Any]], report_round: str = "la
 
 def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chance: float | None = None) -> str:
     """Why a run diverged, "" when it did not: a training loss that became infinite, or NaN in a
-    client that had a finite one before (a NaN loss alone means the client did not train that
-    round), or, given `chance` (1 / number of classes), a mean accuracy that reached LEARNED x
-    chance and ended at or below COLLAPSED x chance (it learned, then fell to chance)."""
+    client that took part in the round and had a finite loss before (a NaN loss alone means the
+    client did not train that round, as every client a round did not sample), or, given `chance`
+    (1 / number of classes), a mean accuracy that reached LEARNED x chance and ended at or below
+    COLLAPSED x chance (it learned, then fell to chance)."""
     rows = rounds.sort_values("round", kind="stable")
     loss = rows["loss"].astype(float)
     finite = pd.Series(np.isfinite(loss.to_numpy()), index=rows.index)
     before = finite.groupby(rows["client"]).transform(lambda f: f.shift(fill_value=False).cummax())
-    bad = loss[np.isinf(loss) | (loss.isna() & before)]
+    took_part = rows["participated"].fillna(True).astype(bool) if "participated" in rows else True
+    bad = loss[np.isinf(loss) | (loss.isna() & before & took_part)]
     if len(bad):
         return f"training loss {bad.iloc[0]} at round {int(rows.loc[bad.index[0], 'round'])}"
     accuracy = [h["acc_mean"] for h in history if not math.isnan(h["acc_mean"])]

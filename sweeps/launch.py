@@ -173,6 +173,9 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                   f"starts from their models and does not run without them", flush=True)
             break
         if len(ran) == len(stages) and plan.spec.selects and stage.kind != "confirm":
+            for group in without_winner(ran):
+                print(f"[sweep] {group}: no configuration reached its last round without diverging on the search "
+                      f"seed, so none is confirmed (trials.parquet: status, diverged_why)", flush=True)
             confirm = confirm_stage(plan.spec, list(winners(ran).values()))
             if confirm is not None:
                 stages.append(confirm)
@@ -206,6 +209,12 @@ def all_completed(grid) -> bool:
     """Whether every trial of a stage's Tune results reached its final round without an error."""
     return all(r.error is None and r.config and reached_last_round(run_config(r.config), r.metrics or {})
                for r in grid)
+
+
+def without_winner(ran: list[tuple[Stage, Any]]) -> list[str]:
+    """The groups of the select stages that ran and have no configuration to confirm."""
+    return [stage.group for stage, grid in ran if stage.kind == "select"
+            and best_completed([(run_config(r.config), r.metrics or {}) for r in grid if r.config]) is None]
 
 
 def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:

@@ -115,3 +115,16 @@ def test_divergence_is_a_lost_loss_or_a_fall_to_chance_after_learning(loss, acc,
 
     rounds = _rounds(loss, acc, acc)
     assert divergence(rounds, summarize_trial(rounds), chance) == why
+
+
+def test_a_client_a_round_did_not_sample_has_no_loss_and_has_not_diverged():
+    """Under partial participation a client trains in some rounds only: its NaN loss in the others
+    is no divergence (it flagged every run of a c = 0.1 study before, and selection then had no
+    configuration left to confirm); a sampled client's NaN after a finite loss still is."""
+    from fl_core.results import summarize_trial
+
+    rounds = _rounds([1.0, float("nan"), 0.9], [0.5, 0.6, 0.6], [0.5, 0.6, 0.6])
+    rounds["participated"] = [True, False, True]
+    assert divergence(rounds, summarize_trial(rounds)) == ""
+    rounds["participated"] = True
+    assert divergence(rounds, summarize_trial(rounds)) == "training loss nan at round 2"
