@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import ray
 import torch
@@ -86,16 +87,21 @@ def _selection(progress: dict[str, Any], summary: dict[str, Any], selected_on: s
     return before, by_before
 
 
-def _trained(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
-    return bool(progress.get("trained")) or math.isfinite(summary["loss_mean"])
+def _trained(progress: dict[str, Any], rows: pd.DataFrame) -> list[int]:
+    """The clients that have had a finite training loss so far."""
+    finite = rows.loc[np.isfinite(rows["loss"].astype(float).to_numpy()), "client"]
+    return sorted(set(progress.get("trained_clients", ())) | {int(c) for c in finite})
 
 
-def _lost(progress: dict[str, Any], summary: dict[str, Any]) -> bool:
-    """Whether the training loss has been lost by this round, as far as the round means tell (the
-    trial row's `diverged` reads every client's: fl_core.results.divergence): a mean training loss
-    that is infinite, or NaN after a finite one. Once lost, always lost."""
-    loss = summary["loss_mean"]
-    return bool(progress.get("lost")) or math.isinf(loss) or (math.isnan(loss) and bool(progress.get("trained")))
+def _lost(progress: dict[str, Any], rows: pd.DataFrame) -> bool:
+    """Whether the training loss has been lost by this round, by the trial row's rule
+    (fl_core.results.divergence) on this round's rows: an infinite loss, or NaN in a client that
+    took part after a finite loss of its own before (a client the round did not sample, or one
+    that trained nothing, has NaN without diverging). Once lost, always lost."""
+    loss = rows["loss"].astype(float)
+    took_part = rows["participated"].astype(bool) if "participated" in rows else True
+    before = rows["client"].isin(progress.get("trained_clients", ()))
+    return bool(progress.get("lost")) or bool(np.isinf(loss).any()) or bool((loss.isna() & took_part & before).any())
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:
@@ -162,12 +168,12 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
         selection, chosen_by = _selection(progress, summary, selected_on, report_round)
         done = result.round == run.rounds
-        lost = _lost(progress, summary)
+        lost = _lost(progress, rows)
         diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
         report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
                   "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
-                    "chosen_by": chosen_by, "last_report": report, "lost": lost, "trained": _trained(progress, summary),
+                    "chosen_by": chosen_by, "last_report": report, "lost": lost, "trained_clients": _trained(progress, rows),
                     "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)

@@ -128,3 +128,19 @@ def test_a_client_a_round_did_not_sample_has_no_loss_and_has_not_diverged():
     assert divergence(rounds, summarize_trial(rounds)) == ""
     rounds["participated"] = True
     assert divergence(rounds, summarize_trial(rounds)) == "training loss nan at round 2"
+
+
+def test_a_round_whose_sampled_clients_train_nothing_is_no_divergence_to_the_scheduler(outside_tune, tmp_path):
+    """The trainable's per-round `diverged` (what selection and the confirm stage read) follows the
+    trial row's rule: a round whose one sampled device trains nothing (a PerFedMask device at 1/8
+    of the model, no layer group within its budget) has no mean loss, which is no divergence; it
+    used to be one, so a c = 0.1 search confirmed nothing."""
+    from conftest import run_one
+    from sweeps.parquet_sink import read_rounds
+
+    knobs = {"algorithm": "perfedmask", "num_clients": 8, "rounds": 6, "participation": 0.125, "ft_epochs": 1}
+    key = run_one(tmp_path / "sweep", knobs)
+    rows = read_rounds(tmp_path / "sweep", trials=[key])
+    sampled = rows[rows.participated]
+    assert sampled.loss.isna().any() and sampled.loss.notna().any()   # rounds of both kinds happened
+    assert [r["diverged"] for r in outside_tune] == [False] * 6
