@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS, is_algorithm, is_external, params_class
+from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
@@ -194,6 +194,10 @@ class RunConfig:
                           self.unseen_domains)
         except DataError as err:
             raise ConfigError(str(err)) from None
+        sampled_by = get_algorithm(self.algorithm).sampled_by
+        if self.participation < 1 and sampled_by != "participation":
+            raise ConfigError(f"participation={self.participation:g}: {self.algorithm} has no server to sample clients; "
+                              f"its own knob `{sampled_by}` says which take part in a round (e.g. {sampled_by}=0.5)")
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
