@@ -132,12 +132,12 @@ def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort
             raise DamagedFile(damaged) from None
         raise ValueError(f"the Parquet files under {Path(files[0]).parent} do not share one schema: {err}") from err
     keys = [k for k in sort if k in table.column_names]
-    if keys and not _is_sorted(table, keys):
+    if keys and not is_sorted(table, keys):
         table = table.sort_by([(k, "ascending") for k in keys])
     return table.to_pandas()
 
 
-def _is_sorted(table, keys: Sequence[str]) -> bool:
+def is_sorted(table, keys: Sequence[str]) -> bool:
     """Whether the rows are in ascending lexicographic order of `keys` (vectorised, no copy)."""
     import pyarrow.compute as pc
 
