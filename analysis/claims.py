@@ -58,15 +58,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from fl_core.results import write_parquet
-from sweeps.spec import load_spec
 
-from . import paired
+from . import numbers, paired
 from .common import SELECT, chosen_trials, methods_order, selection_phrase, settings_order, stage_column
 from .load import DamagedFile, diverged, find_sweeps, load_rounds, load_trials, unfinished
 
@@ -206,19 +206,24 @@ CLAIMS = (
 
 # ---------------------------------------------------------------- the data
 
-def study_name(sweep: Path) -> str:
+def study_file(sweep: Path) -> dict:
+    """The study.toml the sweep saved (checked by the sweep when it ran); {} where there is none or
+    it cannot be read: such a folder tests no claim."""
     try:
-        return load_spec(sweep / "study.toml").name
-    except Exception:  # noqa: BLE001 - a folder without a readable study file tests no claim
-        return ""
+        return tomllib.loads((sweep / "study.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def study_name(sweep: Path) -> str:
+    return str(study_file(sweep).get("name", ""))
 
 
 def study_margin(sweep: Path) -> float | None:
-    """The margin the sweep's study file declared for its claims (`margin`), if any."""
-    try:
-        return load_spec(sweep / "study.toml").margin
-    except Exception:  # noqa: BLE001 - as study_name: no readable study file, no margin of its own
-        return None
+    """The margin the sweep's study file declared for its claims (`margin`, checked by the sweep
+    when it read the file), if any."""
+    margin = study_file(sweep).get("margin")
+    return float(margin) if margin is not None else None
 
 
 def fair_protocol(trials: pd.DataFrame) -> bool:
@@ -290,7 +295,7 @@ def busiest_mb(sweep: Path, chosen: pd.DataFrame) -> pd.Series:
 # ---------------------------------------------------------------- one row: a claim in a setting
 
 def pct(value: float) -> str:
-    return "--" if not math.isfinite(value) else f"{100 * value:.1f}"
+    return numbers.pct(value)
 
 
 def interval(d: paired.Difference) -> str:
@@ -298,8 +303,8 @@ def interval(d: paired.Difference) -> str:
     if d.n == 0:
         return "--"
     if not math.isfinite(d.ci_low):
-        return f"{100 * d.mean:+.1f}"
-    return f"{100 * d.mean:+.1f} [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}]"
+        return numbers.pct(d.mean, sign=True)
+    return f"{numbers.pct(d.mean, sign=True)} [{numbers.pct(d.ci_low, sign=True)}, {numbers.pct(d.ci_high, sign=True)}]"
 
 
 def untested(reason: str, verdict: str = UNSURE) -> dict:
@@ -490,15 +495,19 @@ def verdict_of(row: pd.Series) -> dict:
                 "test": f"TOST {margin}; {family}"}
     power = paired.detectable(row["sd"], int(row["seeds"]))
     return {"verdict": UNSURE, "holm_p": row["holm_p_claim"], "test": f"{TEST_NAMES[kind]}; {family}",
-            "note": f"(detectable at 80 % power: ≥ {100 * power:.1f} pp)" if math.isfinite(power) else ""}
+            "note": f"(detectable at 80 % power: ≥ {numbers.pct(power)} pp)" if math.isfinite(power) else ""}
 
 
 # ---------------------------------------------------------------- the page
 
-HEADER = ("Source", "Claim", "Type", "Paper's number", "Sweep", "Setting", "Scale", "Differs from the paper",
-          "Ours, A vs B (%)", "A − B, 95 % CI (pp)", "Seeds", "Test", "Holm p", "Verdict")
-KEYS = ("source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours", "difference",
-        "seeds", "test", "holm_p")
+# The page's columns: the claim and its verdict first, then the numbers behind it, then where it
+# comes from and how it ran (the last columns may scroll on a narrow screen; the verdict never does)
+PAGE = (("Claim", "claim"), ("Verdict", "verdict"), ("Ours, A vs B (%)", "ours"), ("A − B, 95 % CI (pp)", "difference"),
+        ("Holm p", "holm_p"), ("Seeds", "seeds"), ("Test", "test"), ("Type", "type"), ("Source", "source"),
+        ("Paper's number", "paper_number"), ("Sweep", "study"), ("Setting", "setting"), ("Scale", "scale"),
+        ("Differs from the paper", "differs"))
+HEADER = tuple(h for h, _ in PAGE)
+KEYS = tuple(k for _, k in PAGE if k != "verdict")
 
 
 def cell(row: dict, key: str) -> str:
@@ -516,7 +525,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in table.to_dict("records"):
         verdict = f"**{row['verdict']}**" + (f" {row['note']}" if cell(row, "note") else "")
-        lines.append("| " + " | ".join([cell(row, k) for k in KEYS] + [verdict]) + " |")
+        lines.append("| " + " | ".join(verdict if k == "verdict" else cell(row, k) for _, k in PAGE) + " |")
     chosen = table.dropna(subset=["selection"]).drop_duplicates("study")
     notes = [f"Configurations compared in {s}: {how}." for s, how in zip(chosen["study"], chosen["selection"]) if how]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

@@ -30,6 +30,7 @@ from fl_core.results import across_seeds
 
 from .common import config_keys, config_knobs, final_rows, trial_curves
 from .load import load_rounds, load_trials
+from .numbers import pct
 from .render import frame_latex, latex_cells, latex_label
 
 TAIL = 0.2
@@ -98,14 +99,14 @@ def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
     label = table["method"].where(~varied, table["method"] + " [" + table["config"] + "]")
     repeat = label.groupby([table["setting"], label]).cumcount()  # never two rows alike (LaTeX needs it)
     label = label.where(repeat == 0, label + " #" + (repeat + 1).astype(str))
-    pct = lambda v: "--" if pd.isna(v) else f"{100 * v:.1f}"
+
     verdict = table["converged"].map(lambda v: "n/a" if pd.isna(v) else ("yes" if v else "NO"))
     return pd.DataFrame({
         "Setting": table["setting"], "Method": label,
         "Rounds": [f"{a} → {b}" + (f" (of {r}: unfinished)" if b < r else "")
                    for a, b, r in zip(table["round_tail"], table["round_last"], table["rounds"])],
         "Acc (tail)": table["acc_tail"].map(pct), "Acc (last)": table["acc_last"].map(pct),
-        "Δ": table["delta"].map(lambda v: "--" if pd.isna(v) else f"{100 * v:+.1f}"),
+        "Δ": table["delta"].map(lambda v: pct(v, sign=True)),
         "Seed std": table["std"].map(pct), "Seeds": table["seeds"].astype(int), "Converged": verdict,
     })
 

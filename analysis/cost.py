@@ -29,6 +29,7 @@ import pandas as pd
 
 from analysis.common import TableError, chosen_trials, counted, methods_order, selection_phrase, settings_order
 from analysis.load import diverged, load_rounds, reported_rounds, unfinished
+from analysis.numbers import pct
 from analysis.render import MISSING, latex_label, reported_round_text, seeds_diverged, write_grouped_table
 from analysis.stats import compare, final_accuracies
 from fl_core.results import across_seeds, setting_label
@@ -70,10 +71,10 @@ def device_costs(sweeps, hashes) -> pd.DataFrame:
 
 def _pm(values, marks: str = "", lost: int = 0) -> str | None:
     """The cell of the values (fractions) of its runs that did not diverge; `lost`: those that did."""
-    mean, std, n = across_seeds(np.asarray(values, dtype=float) * 100)
+    mean, std, n = across_seeds(np.asarray(values, dtype=float))
     if n == 0:
         return seeds_diverged(lost, lost) if lost else None
-    text = (f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}") + marks
+    text = (pct(mean) if n == 1 else f"{pct(mean)} ± {pct(std)}") + marks
     return text + (f" ({seeds_diverged(lost, n + lost)})" if lost else "")
 
 

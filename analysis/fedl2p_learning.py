@@ -31,7 +31,8 @@ setting and meta-learning method (FedL2P, its ablations, L2P):
    one-sample t-test over seeds (`scipy.stats.ttest_1samp`, alternative "greater") that the
    learned policy's log ratio exceeds the initial one's.
 
-    python -m analysis.fedl2p_learning results/fedl2p_fmnist-20261201-120000 [--markdown] [--out FILE] [--plot PNG]
+Usage: `python -m analysis.fedl2p_learning results/<sweep> [--markdown] [--out FILE] [--plot PNG]`.
+
 Values: mean over seeds (± std where a cell says so); p-values are `nan` with fewer than 2 seeds.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every function takes one or more paths; each is a sweep folder (holding `trials.parquet` or
 `rounds/`) or a results folder holding sweep folders. The layout and the reader (a pyarrow dataset
 over the union of the files' schemas; per trial the compacted file, else its per-round journal
-files) are sweeps/parquet_sink.py's. Rows and statistics are fl_core.results'.
+files) are fl_core/result_files.py's. Rows and statistics are fl_core.results'.
 
 Sweeps written by engine v1 load the same way: their one-file-per-(trial, round) layout is the
 journal layout; their rows carry every method's knobs and no `method`, `setting` (filled here by
@@ -24,7 +24,7 @@ from fl_core.algorithms import params_class
 from fl_core.config import NON_SEMANTIC, RunConfig
 from fl_core.knobs import base_type, knob_fields
 from fl_core.results import add_labels, trial_row
-from sweeps.parquet_sink import DamagedFile, read_files, read_rounds  # noqa: F401 (DamagedFile: for the CLIs)
+from fl_core.result_files import DamagedFile, read_files, read_rounds  # noqa: F401 (DamagedFile: for the CLIs)
 
 PathLike = str | Path
 

@@ -31,11 +31,11 @@ import pandas as pd
 from fl_core.results import REPORT_ROUNDS, across_seeds
 
 from .load import diverged as diverged_trials
+from .numbers import MISSING, as_printed, pct
 from .load import report_rules
 from .load import unfinished as unfinished_trials
 from .stats import LATEX_MARKS, Verdict, compare
 
-MISSING = "--"
 UNFINISHED = ("mark", "drop")  # what a table does with trials that did not finish (see `summarize`)
 DAGGER = "†"  # the mark of a cell with unfinished runs (LaTeX: $^\dagger$, see `_latex_text`)
 
@@ -118,7 +118,7 @@ class Table:
         verdict = self.verdict()
         if verdict is not None:
             return verdict.frame("bold", self.mean.index, self.mean.columns, False).astype(bool)
-        shown = (100 * self.mean).round(1).where(self.lost().eq(0))
+        shown = as_printed(self.mean).where(self.lost().eq(0))
         if self.best == "table":
             return shown.eq(shown.max().max()) & shown.notna()
         return shown.eq(shown.max(axis=0), axis=1) & shown.notna()
@@ -203,9 +203,9 @@ def format_cell(mean: float, std: float, n: int, usual_n: int, pm: str = "±", m
     where there is no result."""
     if n == 0 or pd.isna(mean):
         return seeds_diverged(diverged, diverged) + mark if diverged else None
-    text = f"{100 * mean:.1f}"
+    text = pct(mean)
     if n > 1 and not pd.isna(std):
-        text += f" {pm} {100 * std:.1f}"
+        text += f" {pm} {pct(std)}"
     text += mark
     if diverged:
         text += f" ({seeds_diverged(diverged, n + diverged)})"

@@ -30,6 +30,7 @@ from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys,
                      selection_rows, settings_order, stage_column)
 from .figures import method_colors, save_figure
 from .load import load_trials, unfinished
+from .numbers import as_printed
 from .render import DAGGER, Table, frame_latex, frame_markdown, latex_label, rounds_reached
 
 OBJECTIVES = {"acc_val_mean": "validation accuracy", "acc_mean": "test accuracy"}
@@ -178,7 +179,7 @@ def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
         table = Table("search_best", numbers[0], numbers[1], numbers[2].fillna(0).astype(int),
                       marked=numbers[3].fillna(False).astype(bool))
         text = text.join(table.cells(pm=pm, dagger=dagger))
-        shown = (100 * numbers[0]).round(1)
+        shown = as_printed(numbers[0])
         several = len(compared) > 1   # a row to compare within: the selected configuration and anchors
         bold = bold.join(shown.eq(shown.max(axis=1), axis=0) & shown.notna() & several)
         seeds = set().union(*df["seeds"].dropna())

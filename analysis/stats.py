@@ -55,6 +55,7 @@ from scipy import stats as scipy_stats
 from fl_core.results import across_seeds, write_parquet
 
 from .load import diverged, load_rounds
+from .numbers import pct
 from .paired import MIN_SEEDS, client_differences, difference, hierarchical_bootstrap
 
 ALPHA = 0.05
@@ -369,7 +370,7 @@ def compare(runs: pd.DataFrame, finals: pd.DataFrame | None = None, references: 
         if i >= 0 and c.direction:
             marks.setdefault(key, {})[i] = MARKS[i][c.direction < 0]
         elif c.kind == "best":
-            shown = round(100 * means[key], 1) == round(100 * means[best_of[key]], 1)
+            shown = pct(means[key]) == pct(means[best_of[key]])
             bold[key] = shown if math.isnan(c.p_value) else c.direction >= 0
     keys = list(zip(cells["row"], cells["column"]))
     cells["marks"] = ["".join(m for _, m in sorted(marks.get(k, {}).items())) for k in keys]

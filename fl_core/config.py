@@ -3,7 +3,7 @@
 A run's knobs are the *common* knobs below (data, model, schedule, optimiser, resources) plus the
 chosen method's *own* knobs, declared beside the method in its algorithm file (e.g. FedSelect's
 `pers_rate` in fl_core/algorithms/fedselect.py) and held in `config.method`. The flat view
-(`to_dict`, `from_dict`, keyword arguments) uses the project's names (DESIGN.md, "Names"); they
+(`to_dict`, `from_dict`, keyword arguments) uses the project's knob names everywhere; they
 are the CLI flags (with dashes), the Parquet columns and the MLflow params.
 
     RunConfig(algorithm="fedselect", pers_rate=0.25)       # method knobs as keywords
@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS, is_algorithm, is_external, params_class
+from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
@@ -149,7 +149,7 @@ class RunConfig:
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
     download: bool = knob(False, "download mnist/fmnist/cifar10 (and the base set of mnist_c/fmnist_c) if missing (needs internet)", data=True, semantic=False)
     device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
-    threads: int | None = knob(None, "torch CPU threads (none = torch's default)", low=1, semantic=False)
+    threads: int | None = knob(None, "torch CPU threads (none = torch's default; a single run of python -m fl_core: 1 for the small CNNs)", low=1, semantic=False)
     checkpoint_dir: str | None = knob(None, "folder of model checkpoints <config_hash>.pt: where `pretrained` is read "
                                       "from, and where `python -m fl_core` writes the run's final model when given; "
                                       "a sweep uses <sweep>/checkpoints (none = ./checkpoints)", semantic=False)
@@ -194,6 +194,10 @@ class RunConfig:
                           self.unseen_domains)
         except DataError as err:
             raise ConfigError(str(err)) from None
+        sampled_by = get_algorithm(self.algorithm).sampled_by
+        if self.participation < 1 and sampled_by != "participation":
+            raise ConfigError(f"participation={self.participation:g}: {self.algorithm} has no server to sample clients; "
+                              f"its own knob `{sampled_by}` says which take part in a round (e.g. {sampled_by}=0.5)")
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")

@@ -229,10 +229,6 @@ def select_largest_reference(delta: Tensor, personal: Tensor, count: int, includ
     return (flat_personal | chosen).reshape(personal.shape)
 
 
-def personal_counts(mask: Mapping[str, Tensor]) -> dict[str, int]:
-    return {name: count_true(mask, name) for name in mask}
-
-
 def personal_fraction(mask: Mapping[str, Tensor], numels: Mapping[str, int]) -> float:
     """Share of all parameter entries (over `numels`, masked or not) that are personal."""
     total = sum(numels.values())

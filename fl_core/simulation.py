@@ -36,7 +36,7 @@ from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
 from .data.catalog import input_shape_of
 from .models import load_init_weights, resolve_model_name
-from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std, weighted_mean
+from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std
 from .training import LocalTrainer, SGDSettings, derive_seed, read_state
 
 STATE_FORMAT = 2
@@ -82,11 +82,6 @@ class RoundResult:
     def mean(self, metric: str, pool: str = "seen") -> float:
         """Unweighted mean over the pool's clients, as the papers report (NaN entries skipped)."""
         return client_mean([getattr(c, metric) for c in self.clients if c.pool == pool])
-
-    def weighted_acc(self) -> float:
-        """Test-sample-weighted mean accuracy of the seen clients (beside the unweighted mean)."""
-        seen = [c for c in self.clients if c.pool == "seen"]
-        return weighted_mean([c.acc for c in seen], [c.n_test for c in seen])
 
     def std(self, metric: str) -> float:
         return client_std([getattr(c, metric) for c in self.clients if c.pool == "seen"])

@@ -1,14 +1,6 @@
 """Parquet results of a sweep: written so that nothing is lost or duplicated, read fast at scale.
 
-Layout under `<results>/<sweep>/`:
-  rounds/<config_hash>.parquet            a finished trial: all its rows (round x client), one file
-  rounds/<config_hash>-r<round>.parquet   journal: one file per round while the trial runs (and the
-                                          whole layout of sweeps written before compaction existed)
-  clients/<config_hash>.parquet           per-client label histograms of the trial's data
-  masks/<config_hash>.parquet             mask-based methods: each client's final mask per tensor
-                                          (bit-packed with np.packbits; np.unpackbits(bits)[:numel])
-  trials.parquet                          one row per trial (config, final metrics, status, wall time)
-Rows come from fl_core.results only (`round_rows`, `client_rows`, `mask_rows`, `trial_row`).
+The layout of the folder and the readers: fl_core/result_files.py.
 
 Compaction. A trial writes each round to its journal file, atomically (temp file + rename), and a
 round always goes to the same name: a trial retried or resumed from an earlier checkpoint
@@ -32,85 +24,25 @@ folder's union schema, adding that column as nulls of the union's type (a narrow
 promoted: int to double, null to the type others have). A finished sweep is then one table per
 folder for any reader: pandas and pyarrow.dataset (which take the first file's schema), Polars
 (which refuses files with extra columns) and DuckDB read every column and every row.
-
-Reading (`read_rounds`, `read_sweep`, `read_files`): one listing of the folder picks, per hash,
-the compacted file if it exists, else its journal files; the files are read as one pyarrow
-dataset whose schema is the union of the files' schemas (methods write different columns, and a
-column that is all None in one file is typed null there), with permissive type promotion. A file
-that cannot be read raises `DamagedFile`, one line naming it and what to do (sweeps/damage.py).
 """
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from fl_core.results import write_parquet
-
-SORT_KEYS = ("config_hash", "round", "client")
-
-
-class DamagedFile(ValueError):
-    """Result files that cannot be read (a copy cut short, a disk that filled up, a crashed
-    machine): the message names them and says what to do, in one line."""
-
-    def __init__(self, files: Sequence[tuple[Path, str]]):
-        self.files = [(Path(f), why) for f, why in files]
-        first, why = self.files[0]
-        more = f" (and {len(self.files) - 1} more: {', '.join(str(f) for f, _ in self.files[1:4])}" \
-               f"{', ...' if len(self.files) > 4 else ''})" if len(self.files) > 1 else ""
-        super().__init__(f"damaged results file {first}: {why}{more}; {advice(first)}")
-
-
-def advice(path: Path) -> str:
-    """What to do about a damaged file, by where it lies in a sweep folder."""
-    if path.name == "trials.parquet":
-        return ("delete it: analysis rebuilds the trials from their rows (status INCOMPLETE), and the sweep's "
-                "--resume writes it again")
-    return ("resume the sweep (its command with --resume NAME): the damaged file is set aside under "
-            "damaged/ and its trial runs again")
-
-
-def unreadable(path: Path) -> str | None:
-    """Why a Parquet file cannot be read (its whole content is read), or None if it can."""
-    import pyarrow.parquet as pq
-
-    try:
-        pq.ParquetFile(path).read()
-    except FileNotFoundError:
-        raise
-    except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a damaged file
-        text = str(err).split(". ")[0].strip().rstrip(".")
-        return f"not a readable Parquet file ({text[:160]})"
-    return None
-_NAME = re.compile(r"^(?P<hash>[^.][^-]*?)(?:-r(?P<round>\d+))?\.parquet$")
+from fl_core.result_files import (SORT_KEYS, DamagedFile, advice, journal_files, read_files,  # noqa: F401
+                                  read_rounds, read_sweep, read_trial, round_path, round_sources,
+                                  trial_path, unreadable)
+# (re-exported: the sweeps' and the users' `sweeps.parquet_sink.read_sweep` and friends)
 
 
 # ---------------------------------------------------------------------------- writing
-def round_path(sweep_dir: Path, config_hash: str, rnd: int) -> Path:
-    return Path(sweep_dir) / "rounds" / f"{config_hash}-r{rnd:04d}.parquet"
-
-
-def trial_path(sweep_dir: Path, config_hash: str) -> Path:
-    return Path(sweep_dir) / "rounds" / f"{config_hash}.parquet"
-
-
 def write_round(sweep_dir: Path, config_hash: str, rnd: int, rows: pd.DataFrame) -> Path:
     """One round of one trial (a journal file), atomically; a rewrite replaces it."""
     return write_parquet(rows, round_path(sweep_dir, config_hash, rnd))
-
-
-def journal_files(sweep_dir: Path, config_hash: str) -> dict[int, Path]:
-    """A trial's journal files: round -> path."""
-    found = {}
-    for path in (Path(sweep_dir) / "rounds").glob(f"{config_hash}-r*.parquet"):
-        match = _NAME.match(path.name)
-        if match and match["hash"] == config_hash and match["round"]:
-            found[int(match["round"])] = path
-    return dict(sorted(found.items()))
 
 
 def compact_trial(sweep_dir: Path, config_hash: str, rounds: int) -> Path | None:
@@ -173,115 +105,3 @@ def write_masks(sweep_dir: Path, config_hash: str, rows: list[dict]) -> Path | N
     return write_parquet(pd.DataFrame(rows), Path(sweep_dir) / "masks" / f"{config_hash}.parquet")
 
 
-# ---------------------------------------------------------------------------- reading
-def round_sources(sweep_dir: str | Path) -> dict[str, list[Path]]:
-    """config hash -> the files holding its rows: the compacted file if there is one, else the
-    journal files in round order. Temp files (names starting with '.') are never listed."""
-    folder = Path(sweep_dir) / "rounds"
-    compacted: dict[str, Path] = {}
-    journal: dict[str, list[tuple[int, Path]]] = {}
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return {}
-    for entry in entries:
-        match = _NAME.match(entry.name)
-        if not match:
-            continue
-        if match["round"] is None:
-            compacted[match["hash"]] = Path(entry.path)
-        else:
-            journal.setdefault(match["hash"], []).append((int(match["round"]), Path(entry.path)))
-    return {key: [compacted[key]] if key in compacted else [p for _, p in sorted(journal[key])]
-            for key in sorted(set(compacted) | set(journal))}
-
-
-def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort: Sequence[str] = ()) -> pd.DataFrame:
-    """Parquet files as one frame through a pyarrow dataset with the union of their schemas
-    (missing columns read as null; null-typed and narrower numeric columns are promoted), rows
-    in file order. `columns`: only these (those present); `sort`: keys the rows must be sorted by
-    (those present): checked, and sorted only if they are not (files written by this module,
-    listed by `round_sources`, already are)."""
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
-
-    if not files:
-        return pd.DataFrame()
-    factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
-    try:
-        schema = factory.inspect(promote_options="permissive", fragments=None).remove_metadata()
-        dataset = factory.finish(schema)
-        names = [c for c in columns if c in schema.names] if columns is not None else None
-        table = dataset.to_table(columns=names)
-    except FileNotFoundError:
-        raise
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for damaged files and clashing columns
-        damaged = [(Path(f), why) for f in files if (why := unreadable(Path(f))) is not None]
-        if damaged:
-            raise DamagedFile(damaged) from None
-        raise ValueError(f"the Parquet files under {Path(files[0]).parent} do not share one schema: {err}") from err
-    keys = [k for k in sort if k in table.column_names]
-    if keys and not _is_sorted(table, keys):
-        table = table.sort_by([(k, "ascending") for k in keys])
-    return table.to_pandas()
-
-
-def _is_sorted(table, keys: Sequence[str]) -> bool:
-    """Whether the rows are in ascending lexicographic order of `keys` (vectorised, no copy)."""
-    import pyarrow.compute as pc
-
-    if table.num_rows < 2:
-        return True
-    ordered = None
-    for key in reversed(keys):
-        column = table.column(key)
-        after, before = column.slice(1), column.slice(0, table.num_rows - 1)
-        greater = pc.greater(after, before)
-        ordered = greater if ordered is None else pc.or_(greater, pc.and_(pc.equal(after, before), ordered))
-    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
-
-
-def read_rounds(sweep_dir: str | Path, columns: Sequence[str] | None = None, trials: Iterable[str] | None = None,
-                attempts: int = 3) -> pd.DataFrame:
-    """Every (trial, round, client) row of a sweep, sorted by trial, round and client.
-    `columns`: read only these; `trials`: only these config hashes. A listing that a running
-    trial changes underneath (it compacted its journal meanwhile) is taken again."""
-    for attempt in range(attempts):
-        sources = round_sources(sweep_dir)
-        if trials is not None:
-            wanted = set(trials)
-            sources = {k: v for k, v in sources.items() if k in wanted}
-        try:
-            return read_files([f for files in sources.values() for f in files], columns, SORT_KEYS)
-        except FileNotFoundError:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def read_trial(sweep_dir: str | Path, config_hash: str) -> pd.DataFrame:
-    """One trial's rows (compacted or journal), sorted by round and client."""
-    return read_rounds(sweep_dir, trials=[config_hash])
-
-
-def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """The tidy table of a sweep: one row per (trial, round, client), with the trial's status and
-    wall time joined from trials.parquet when the sweep has finished. A folder that is not a sweep
-    (no rounds/ and no trials.parquet: a results folder, a typo) is a ValueError naming it and the
-    sweeps below it."""
-    sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "rounds").is_dir() and not (sweep_dir / "trials.parquet").exists():
-        below = sorted(p.parent.name for p in sweep_dir.glob("*/rounds") if p.is_dir())
-        raise ValueError(f"{sweep_dir} is not a sweep folder (no rounds/ or trials.parquet); "
-                         + (f"sweeps in it: {', '.join(below)}" if below else "no sweep below it either"))
-    if columns is not None:
-        columns = list(dict.fromkeys([*SORT_KEYS, *columns]))
-    rounds = read_rounds(sweep_dir, columns)
-    trials_file = sweep_dir / "trials.parquet"
-    if rounds.empty or not trials_file.exists():
-        return rounds
-    trials = read_files([trials_file], ["config_hash", "status", "wall_seconds"])
-    trials = trials.drop_duplicates("config_hash", keep="last").set_index("config_hash")
-    for column in trials.columns:
-        rounds[column] = rounds["config_hash"].map(trials[column])
-    return rounds

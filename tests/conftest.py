@@ -32,9 +32,18 @@ def pytest_report_header(config) -> str:
     return f"kernels: {kernels.describe()} ({mode}); CPU: {kernels.machine_isa()}"
 
 
+HEAVY_FIXTURES = ("ray_cluster", "site")   # a Ray cluster, a built site: such a test is slow wherever it is
+
+
+@pytest.hookimpl(tryfirst=True)   # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `pinned_rounding` pin the bits of multi-step training, which other kernels
-    round otherwise: skipped where the suite does not run the reproducible mode."""
+    """A test that starts Ray or builds the site is marked slow (the quick run leaves it to
+    `bash scripts/test.sh --all` and CI). Tests marked `pinned_rounding` pin the bits of
+    multi-step training, which other kernels round otherwise: skipped where the suite does not
+    run the reproducible mode."""
+    for item in items:
+        if any(f in getattr(item, "fixturenames", ()) for f in HEAVY_FIXTURES):
+            item.add_marker(pytest.mark.slow)
     reason = "FL_TEST_KERNELS=native" if NATIVE else kernels.unavailable()
     if reason:
         skip = pytest.mark.skip(reason=f"pins the reproducible mode's rounding; the kernels are not pinned: {reason}")

@@ -171,3 +171,23 @@ def test_console_scripts_are_the_module_commands(command, args, code, needle, tm
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr[-2000:]
     assert needle in done.stdout + done.stderr
+
+
+def test_a_single_run_of_a_small_cnn_takes_one_thread_unless_told(tmp_path, capsys):
+    import torch
+
+    from fl_core.__main__ import single_run_threads
+    from fl_core.config import RunConfig
+
+    assert single_run_threads(RunConfig(dataset="digits")) == 1                   # auto = lenet: one thread
+    assert single_run_threads(RunConfig(dataset="cifar10")) == 1                  # auto = cnn2
+    assert single_run_threads(RunConfig(dataset="cifar10", model="resnet18_cifar")) is None   # torch's default
+    assert single_run_threads(RunConfig(dataset="digits", threads=2)) == 2        # --threads wins
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        args = [a for a in TINY if a not in ("--threads", "1")]
+        assert main(args + ["--results", str(tmp_path)]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

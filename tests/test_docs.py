@@ -2,6 +2,8 @@
 or an unresolvable API reference fails), and its Methods page is what the registry generates."""
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 import os
 import subprocess
@@ -21,6 +23,7 @@ def test_the_methods_page_is_generated_from_the_registry_and_up_to_date():
     assert "| `pers_rate` | `0.25` |" in text and "| `ditto_lambda` | `1.0` |" in text
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     assert importlib.util.find_spec("mkdocs") is not None, "mkdocs is a docs dependency: run scripts/setup.sh"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
@@ -38,7 +41,7 @@ import re  # noqa: E402
 
 import reproduce  # noqa: E402
 
-INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', re.M)
+INCLUDE = re.compile(r'^ *--8<-- "([^"]+)"$', re.M)   # indented: inside a collapsed block
 
 
 def test_the_readme_fits_two_screens_and_shows_the_committed_default_table():
@@ -157,6 +160,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     assert reproduce.main(["default", "--check", "--from-data"]) == 0   # the tables, from the kept data alone
 
 
+@pytest.mark.slow
 def test_every_table_with_committed_data_recomputes_from_it(capsys):
     """Each docs/results/NAME/data/ (the compacted Parquet of NAME's sweeps) gives NAME's committed
     tables again, without running a sweep: what a fresh clone can check."""
@@ -198,7 +202,8 @@ def test_every_list_in_the_docs_starts_after_a_blank_line():
     glued = []
     for page in sorted((REPO / "docs").rglob("*.md")):
         lines, fenced = page.read_text().splitlines(), False
-        for i, line in enumerate(lines):
+        start = lines.index("---", 1) + 1 if lines[:1] == ["---"] else 0   # after the page's front matter
+        for i, line in enumerate(lines[start:], start):
             fenced ^= line.strip().startswith("```")
             before = lines[i - 1] if i else ""
             if not fenced and item.match(line) and before.strip() and not item.match(before) \
@@ -229,3 +234,29 @@ def test_every_committed_figure_is_shown_on_a_page():
     unseen = [str(f.relative_to(REPO / "docs")) for f in sorted((REPO / "docs" / "results").glob("*/*.png"))
               if str(f.relative_to(REPO / "docs")) not in pages]
     assert unseen == []
+    # and zoomable: every figure on a page is a link to its own file (a click opens it full size)
+    bare = re.findall(r"^ *!\[[^\]]*\]\([^)]+\)", pages, re.M)
+    assert bare == []
+
+
+def test_every_module_a_page_names_is_on_the_api_page():
+    """A page that sends readers to `analysis.stats.compare` needs `analysis.stats` in the API
+    reference: every module the pages name (the longest importable prefix of a dotted name)."""
+    api = set(re.findall(r"^::: (\S+)$", (REPO / "docs" / "api.md").read_text(), re.M))
+    named = set()
+    for page in (REPO / "docs").rglob("*.md"):
+        if "results" in page.parts:
+            continue
+        for dotted in re.findall(r"\b((?:fl_core|sweeps|analysis)(?:\.[a-z_0-9]+)+)", page.read_text()):
+            parts, module = dotted.split("."), None
+            for i in range(2, len(parts) + 1):   # the longest prefix that is a module
+                try:
+                    found = importlib.util.find_spec(".".join(parts[:i])) is not None
+                except ModuleNotFoundError:      # a prefix that is a module, not a package
+                    found = False
+                if not found:
+                    break
+                module = ".".join(parts[:i])
+            if module:          # not a file name such as analysis.md
+                named.add(module)
+    assert sorted(named - api) == []

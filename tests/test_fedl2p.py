@@ -11,7 +11,6 @@ from fl_core.fedl2p.personalize import Policy, fine_tune, fine_tune_tracking, me
 from fl_core.functional import batch_order
 from fl_core.simulation import Simulation
 from fl_core.training import derive_seed
-from tests.conftest import metrics, restore_mid_run
 
 DATA = dict(dataset="synthetic", num_clients=4, partition="dirichlet_class", dir_alpha=0.5, model="lenet_bn",
             val_fraction=0.25, batch_size=16, threads=1, seed=0)
@@ -286,10 +285,6 @@ def test_unseen_clients_never_meta_train_and_are_scored_with_the_kept_lambda(pre
     row = next(c for c in final.clients if c.client == unseen)
     assert row.pool == "unseen" and row.acc == row.acc and "val_loss" not in row.metrics
     assert "beta_mean" in row.metrics
-
-
-def test_a_restored_fedl2p_run_continues_bit_identically(pretrained, tmp_path):
-    restore_mid_run(stage2(pretrained, "fedl2p", rounds=3, ft_epochs=1, meta_steps=1), tmp_path, at=1)
 
 
 def test_stage_two_refuses_a_missing_or_mismatched_checkpoint(pretrained, tmp_path):

@@ -112,6 +112,15 @@ def test_fl_core_depends_on_neither_ray_mlflow_the_sweeps_nor_the_analysis():
     assert outside == []
 
 
+def test_analysis_reads_files_never_the_sweeps_nor_ray_nor_mlflow():
+    """analysis reads Parquet (fl_core.result_files) and never imports the sweeps, so the packages
+    have one direction: sweeps -> analysis (the tables at a sweep's end), never back."""
+    edges, _ = graph()
+    outside = [f"{m} -> {t}" for m, targets in edges.items() if m.startswith("analysis")
+               for t in targets if t.split(".")[0] in ("ray", "mlflow", "sweeps", "benchmarks")]
+    assert outside == []
+
+
 def test_the_checks_see_a_cycle_and_a_private_import_when_there_is_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     edges, _ = graph()

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from fl_core.algorithms import moon as moon_module
 from fl_core.algorithms.base import BYTES_PER_ENTRY
 from fl_core.algorithms.moon import model_contrastive_loss
-from fl_core.config import ConfigError, RunConfig
+from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
 
 from conftest import restore_mid_run, tiny
@@ -136,7 +136,7 @@ def _loaded(algo, state):
     return model.eval()
 
 
-# ---------------------------------------------------------------------------- save / restore, traffic, knobs, digits
+# ---------------------------------------------------------------------------- save / restore, traffic, digits
 def test_moon_restores_mid_run(tmp_path):
     straight, resumed, _ = restore_mid_run(tiny(algorithm="moon", rounds=4, participation=0.5, momentum=0.5), tmp_path)
     for a, b in zip(straight.clients, resumed.clients):
@@ -151,12 +151,6 @@ def test_traffic_is_fedavgs():
         ra, rb = fedavg.run_round(), moon.run_round()
         assert [(c.bytes_up, c.bytes_down) for c in ra.clients] == [(c.bytes_up, c.bytes_down) for c in rb.clients]
         assert {c.bytes_up for c in rb.clients if c.participated} == {model_bytes}
-
-
-@pytest.mark.parametrize("knob, value, allowed", [("moon_tau", 0.0, r"\(0, inf\)"), ("moon_mu", -1.0, r"\[0, inf\)")])
-def test_bad_knob_values_are_refused(knob, value, allowed):
-    with pytest.raises(ConfigError, match=rf"{knob}={value} is outside the allowed range {allowed}"):
-        tiny(algorithm="moon", **{knob: value})
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from fl_core.flops import training_flops
 from fl_core.models import build_model
 from fl_core.simulation import Simulation
 
-from conftest import restore_mid_run, tiny
+from conftest import tiny
 
 EIGHTH = [{"ratio": 0.125}] * 4  # every device at width 1/8: one base each, so some bases go untrained
 
@@ -142,7 +142,3 @@ def test_models_without_a_width_and_init_weights_are_refused(tmp_path):
     torch.save(build_model("lenet", (1, 8, 8), 10).state_dict(), weights)
     with pytest.raises(ConfigError, match="init_weights"):
         Simulation(tiny(algorithm="splitmix", init_weights=str(weights)))
-
-
-def test_a_restored_run_continues_bit_identically(tmp_path):
-    restore_mid_run(tiny(algorithm="splitmix", rounds=3), tmp_path)

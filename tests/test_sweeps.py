@@ -17,6 +17,7 @@ import pytest
 
 from fl_core.results import round_rows, summarize_trial
 from fl_core.simulation import Simulation
+from fl_core import result_files
 from sweeps import parquet_sink as sink
 from sweeps.fedselect_grid import STUDY
 from sweeps.parquet_sink import read_rounds, read_sweep
@@ -109,7 +110,7 @@ def test_read_sweep_joins_status_and_selects_columns(tmp_path, trial_rounds):
     files = [f for fs in sink.round_sources(tmp_path).values() for f in fs]
     shuffled = sink.read_files(files[::-1], sort=sink.SORT_KEYS)
     pd.testing.assert_frame_equal(shuffled, read_rounds(tmp_path), check_like=True)  # column order may differ
-    assert not sink._is_sorted(pa.Table.from_pandas(shuffled[::-1]), sink.SORT_KEYS)
+    assert not result_files.is_sorted(pa.Table.from_pandas(shuffled[::-1]), sink.SORT_KEYS)
     # the per-round summaries of a trial (fl_core's one definition) from its rows
     history = summarize_trial(sink.read_trial(tmp_path, first))
     acc = np.array([f["acc"].to_numpy() for f in trial_rounds[first]])

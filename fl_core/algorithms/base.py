@@ -107,6 +107,10 @@ class Algorithm:
     # method (FedBN); a method without a server always keeps them local.
     default_bn_stats: ClassVar[str] = "local"
     bn_stats_fixed: ClassVar[bool] = False
+    # The knob that says which clients take part in a round: the common `participation` (a seeded
+    # sample of the seen clients, `participants`), or the method's own (D-PSGD and DisPFL: `active`,
+    # each client on its own); a method with its own refuses `participation` below 1.
+    sampled_by: ClassVar[str] = "participation"
 
     @classmethod
     def has_server(cls) -> bool:

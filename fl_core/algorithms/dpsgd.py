@@ -24,6 +24,7 @@ class DPSGD(Algorithm):
     Params = TopologyParams
     acc_from = "local"
     evaluates = "its own model after local training (acc_global: after averaging with its neighbours)"
+    sampled_by = "active"  # each client active with that probability, no server to sample them
 
     def participants(self, rnd: int) -> list[int]:
         pool = [info.k for info in self.clients_info if info.seen]

@@ -39,7 +39,7 @@ become personal, never the schedule:
 - the server sums the global entries and divides by their count (weights 1, not 1/K: the same
   mean, rounded as the reference rounds it; benchmarks/parity/fedselect.py shows the two runs
   then agree bit for bit, and that a last-bit difference here grows into different masks).
-Not reproduced (DESIGN.md's pitfalls of the reference): after its first evaluation the reference
+Not reproduced (pitfalls of the reference): after its first evaluation the reference
 trains in eval mode, and it runs the personal pass even when nothing is personal; both matter only
 for BatchNorm or dropout (its running statistics), so the parity runs use LeNet, which has neither.
 """
@@ -72,7 +72,7 @@ class FedSelectParams(MethodParams):
                                           "up to near local training"))
     select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every parameter)",
                               choices=("weights", "all"))
-    fedselect_mode: str = knob("default", "semantics: default (DESIGN.md) or faithful (the public reference code)",
+    fedselect_mode: str = knob("default", "semantics: default (this file's docstring) or faithful (the public reference code)",
                                choices=("default", "faithful"))
     mask_every: int = knob(1, "faithful mode: grow the mask every k rounds", low=1)
     fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; personalize_least = "

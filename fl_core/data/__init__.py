@@ -1,4 +1,4 @@
-"""Dataset sources, partitioners and per-client tensors (see DESIGN.md, "Data")."""
+"""Dataset sources, partitioners and per-client tensors."""
 
 from .federated import ClientData, FederatedData, build_federated_data, load_data
 from .partition import PARTITIONS, ClientSplit, partition
