@@ -61,7 +61,9 @@ range comes from; the learning rate for every method: `fl_core.config.search_spa
 compared method, FedAvg and Local included, gets the same budget: `num_samples` configurations
 and the same scheduler per (data setting, method). A method entry narrows its space with its
 own range or list, or fixes a knob with one value; `fixed = true` runs a method as declared
-(the anchors of a tuned study; `anchor` is for studies without tune). A tuned study confirms on
+(the anchors of a tuned study; `anchor` is for studies without tune). A list in [knobs] (e.g.
+`participation = [1.0, 0.1]`) is then an axis of the study, not a search dimension: each value
+is searched and confirmed apart, like a data setting. A tuned study confirms on
 at least 5 seeds, the fewest the paired t-test over seeds behind the tables' marks accepts.
 
 The resolved spec (every common knob explicit, flags applied) is saved as `study.toml` in the

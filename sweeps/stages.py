@@ -37,7 +37,7 @@ from fl_core.results import setting_label
 
 from .errors import SweepError
 from .plan import reached_last_round
-from .spec import Method, Range, StudySpec, with_tuning
+from .spec import Method, Range, StudySpec, show_value, with_tuning
 
 OBJECTIVE = "objective"   # what every trial reports for selection (see `objective_of`)
 
@@ -56,9 +56,12 @@ class Stage:
         return bool(self.domains)
 
 
-def group_name(config: RunConfig) -> str:
-    """The (data setting, method) group a select stage searches, e.g. `digits, Dir(0.1) / FedSelect`."""
-    return f"{setting_label(config.to_dict())} / {config.label()}"
+def group_name(config: RunConfig, axes: tuple[str, ...] = ()) -> str:
+    """The (data setting, method) group a select stage searches, e.g. `digits, Dir(0.1) / FedSelect`;
+    `axes`: the study's axes under tune (`axis_knobs`) beside participation, which the setting
+    label names already, e.g. `digits, Dir(0.1), local_epochs = 5 / FedSelect`."""
+    extra = "".join(f", {k} = {show_value(getattr(config, k))}" for k in axes if k != "participation")
+    return f"{setting_label(config.to_dict())}{extra} / {config.label()}"
 
 
 def objective_of(config: RunConfig) -> str:
@@ -108,9 +111,10 @@ def method_values(spec: StudySpec, method: Method) -> dict[str, Any]:
 
 
 def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seeds) -> list[dict[str, Any]]:
-    """The flat configs of one method on one data setting: its axes crossed, times `seeds`
-    (ranges are left to the search: their low end stands in, see `search_domains`)."""
-    values = method_values(spec, method)
+    """The flat configs of one method on one setting (data knobs, and under tune the study's
+    axes, `tuned_axes`): its other axes crossed, times `seeds` (ranges are left to the search:
+    their low end stands in, see `search_domains`)."""
+    values = {k: v for k, v in method_values(spec, method).items() if k not in setting}
     axes = {k: _axis(v) for k, v in values.items()}
     trials = []
     for combo in itertools.product(*axes.values()):
@@ -142,9 +146,27 @@ def _index(values: list[Any], value: Any) -> int:
     return values.index(value) if value in values else len(values)
 
 
-def search_domains(spec: StudySpec, method: Method) -> dict[str, Any]:
-    """For a searched method: knob -> Range or list of choices (its non-data axes)."""
-    return {k: v for k, v in method_values(spec, method).items() if isinstance(v, (Range, list))}
+def search_domains(spec: StudySpec, method: Method, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """For a searched method: knob -> Range or list of choices (its non-data axes, less the
+    knobs `fixed` sets: the study's axes under tune)."""
+    fixed = fixed or {}
+    return {k: v for k, v in method_values(spec, method).items() if isinstance(v, (Range, list)) and k not in fixed}
+
+
+def axis_knobs(spec: StudySpec) -> tuple[str, ...]:
+    """Under [search] tune, the common non-data knobs [knobs] gives a list of values (e.g.
+    `participation = [1.0, 0.1]`): the study's axes, each value a setting of its own, searched
+    and confirmed apart like a data setting, never a search dimension (a method's entry holds
+    what is searched). None without tune."""
+    if not spec.tune:
+        return ()
+    return tuple(k for k, v in spec.knobs.items() if k in COMMON_KNOBS and k not in DATA_KNOBS and isinstance(v, list))
+
+
+def tuned_axes(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every combination of the study's axes' values (`axis_knobs`); one empty one without."""
+    names = axis_knobs(spec)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(spec.knobs[k] for k in names))]
 
 
 # ---------------------------------------------------------------------- stages
@@ -167,19 +189,19 @@ def selection_stages(spec: StudySpec) -> list[Stage]:
         stages.append(Stage("tune-anchors", "anchor", tuple(anchors)))
     first = [spec.search_seed]
     index = 0
-    for setting in data_settings(spec):
+    for setting, axes in itertools.product(data_settings(spec), tuned_axes(spec)):
         for method in spec.methods:
             if method.anchor:
                 continue
-            trials = [RunConfig.from_dict(t) for t in method_trials(spec, method, setting, first)]
-            group = group_name(trials[0])
+            trials = [RunConfig.from_dict(t) for t in method_trials(spec, method, setting | axes, first)]
+            group = group_name(trials[0], axis_knobs(spec))
             no_val = [c for c in trials if c.val_fraction <= 0]
             if no_val:
                 raise SweepError(f"{group}: a search or scheduler selects by validation accuracy, and these trials "
                                  f"have no validation split (val_fraction = 0); give --val-fraction 0.1 (or "
                                  f"val_fraction in the study's [knobs])")
             if spec.search == "optuna":
-                domains = search_domains(spec, method)
+                domains = search_domains(spec, method, axes)
                 _check_domains(trials[0], domains)
                 stages.append(Stage(f"tune-select-{index}", "select", (("select", trials[0]),), domains, group))
             else:

@@ -32,7 +32,7 @@ from fl_core.results import trial_row, write_parquet
 from . import parquet_sink
 from .parquet_sink import read_trial
 from .plan import SweepPlan, reached_last_round, run_config
-from .stages import group_name, objective_of
+from .stages import axis_knobs, group_name, objective_of
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
               "data_from_driver", "node_id", "kernels", "cpu_isa")
@@ -134,7 +134,7 @@ def search_budget(plan: SweepPlan, run) -> int | None:
     """How many configurations selection tried for this trial's (data setting, method): Optuna's
     `num_samples`, or the size of the method's grid under a scheduler; None when none matches."""
     for stage in plan.stages:
-        if stage.kind == "select" and stage.group == group_name(run):
+        if stage.kind == "select" and stage.group == group_name(run, axis_knobs(plan.spec)):
             return plan.spec.num_samples if stage.searched else len(stage.configs)
     return None
 

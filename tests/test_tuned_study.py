@@ -118,3 +118,17 @@ def test_tune_on_the_command_line_tunes_the_files_anchors_too_unless_anchors_are
     assert not any(m.anchor for m in tuned.methods) and tuned.search == "optuna"
     kept = with_overrides(spec, {}, tune=["all"], seeds=SEEDS, anchors=["local"])
     assert [(m.algorithm, m.anchor) for m in kept.methods] == [("fedselect", False), ("local", True)]
+
+
+def test_a_list_in_knobs_is_a_setting_of_its_own_under_tune_never_a_search_dimension():
+    spec = resolved(spec_of(methods=[{"algorithm": "fedavg"}, {"algorithm": "local"}],
+                            knobs={"participation": [1.0, 0.5], "local_epochs": [1, 2]}))
+    stages = plan_stages(spec)
+    selects = [s for s in stages if s.kind == "select"]
+    assert len(selects) == 2 * 2 * 2                      # (participation, epochs) x method, each searched apart
+    assert all(s.domains == {"lr": Range(0.01, 0.3, True)} for s in selects)   # the axes are never searched
+    assert {(c.participation, c.local_epochs) for s in selects for _, c in s.configs} == {
+        (1.0, 1), (1.0, 2), (0.5, 1), (0.5, 2)}
+    groups = [s.group for s in selects]
+    assert len(set(groups)) == len(groups)
+    assert "digits, Dir(0.5), c = 0.5, local_epochs = 2 / FedAvg" in groups
