@@ -37,6 +37,9 @@ from fl_core.results import across_seeds, setting_label
 COST = ("trainable_params", "fwd_mflops", "bwd_mflops")
 REFERENCE = ("FedAvg+FT",)
 PARTS = {"Before FT": "acc_global", "After FT": "acc"}  # column part -> the accuracy it reports
+# HeteroFL and Split-Mix under score_width = "full" (the PerFedMask authors' scoring): "After FT" is
+# the full-width model; each device's own fine-tuned sub-model is this part (acc_device), untested
+DEVICE_PART, DEVICE_COLUMN = "After FT, own width", "acc_device"
 COST_HEADERS = {"trainable_params": "Params (K)", "fwd_mflops": "Fwd MFLOPs", "bwd_mflops": "Bwd MFLOPs"}
 
 
@@ -45,6 +48,13 @@ def cost_wanted(trials: pd.DataFrame) -> bool:
     if trials.empty or "trainable_params_mean" not in trials.columns:
         return False
     return bool((trials["trainable_params_mean"].notna() & ~unfinished(trials)).any())
+
+
+def _width_scored(chosen: pd.DataFrame) -> list[str]:
+    """The methods whose trials report a device-width score beside the full-width one."""
+    if f"{DEVICE_COLUMN}_mean" not in chosen:
+        return []
+    return list(dict.fromkeys(chosen.loc[chosen[f"{DEVICE_COLUMN}_mean"].notna(), "method"]))
 
 
 def _c_label(c: float) -> str:
@@ -104,7 +114,8 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     settings, methods = settings_order(chosen), methods_order(chosen)
     many = len(settings) > 1
     index = pd.MultiIndex.from_product([settings, methods]) if many else pd.Index(methods)
-    columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in ("Before FT", "After FT")]
+    parts = {**PARTS, DEVICE_PART: DEVICE_COLUMN} if _width_scored(chosen) else PARTS
+    columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in parts]
                                         + [("Cost", COST_HEADERS[k]) for k in COST])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
     verdict = compare(*accuracy_runs(sweeps, chosen), references=REFERENCE,
@@ -115,11 +126,12 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         for method in methods:
             row = (setting, method) if many else method
             mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
-            for c, part in [(c, part) for c in rates for part in PARTS]:
+            for c, part in [(c, part) for c in rates for part in parts]:
                 at, key = mine[mine["participation"] == c], (method, (setting, _c_label(c), part))
                 lost = diverged(at)
-                cells.loc[row, (_c_label(c), part)] = _pm(at.loc[~lost, f"{PARTS[part]}_mean"], marks.get(key, ""),
-                                                          int(lost.sum())) if len(at) else None
+                values = at.loc[~lost, f"{parts[part]}_mean"].dropna()
+                cells.loc[row, (_c_label(c), part)] = (_pm(values, marks.get(key, ""), int(lost.sum()))
+                                                       if len(at) and (len(values) or lost.any()) else None)
                 bold.loc[row, (_c_label(c), part)] = bool(bolds.get(key, False))
             if (setting, method) in cost_of.index:
                 cost = cost_of.loc[(setting, method)]
@@ -136,7 +148,10 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
                f"FLOPs per training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight "
                f"gradient for a frozen layer). Each method at one configuration per cell, chosen without test data "
                f"({selection_phrase(chosen)}); finished trials only"
-               + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result.")
+               + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result."
+               + (f" \"full width\": scored on the full-width model, as the PerFedMask authors score HeteroFL and "
+                  f"Split-Mix FL (\"{DEVICE_PART}\": each device's own fine-tuned sub-model, untested)."
+                  if _width_scored(chosen) else ""))
     return cells, bold, caption, verdict.summary("cost")
 
 

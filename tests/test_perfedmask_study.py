@@ -27,7 +27,7 @@ def test_the_study_file_is_the_posters_comparison():
 def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
     flags = ["--dataset", "synthetic", "--num-clients", "8", "--samples-per-client", "none",
              "--test-samples-per-client", "none", "--rounds", "2", "--eval-every", "1", "--local-epochs", "1",
-             "--participation", "1.0", "0.5", "--full-share", "0.25", "--ft-epochs", "1",
+             "--participation", "1.0", "0.5", "--full-share", "0.25", "--ft-epochs", "1", "--score-width", "full",
              "--seeds", "0", "--results", str(tmp_path), "--name", "pm", "--verbose", "0"]
     assert run_study(perfedmask.STUDY, flags) == 0
     folder = tmp_path / "pm"
@@ -40,6 +40,12 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
 
     cells, bold, caption, summary = cost_table(folder, trials)
     assert list(cells.columns.get_level_values(0).unique()) == ["c = 1", "c = 0.5", "Cost"]
+    own = ("c = 1", "After FT, own width")  # HeteroFL and Split-Mix scored at full width, their sub-models beside
+    assert cells[own].notna().tolist() == [m in ("HeteroFL (full width)", "Split-Mix FL (full width)")
+                                           for m in cells.index]
+    assert '"full width": scored on the full-width model' in caption
+    cells = cells.drop(columns=[c for c in cells.columns if c[1] == "After FT, own width"])
+    cells.index = [m.replace(" (full width)", "") for m in cells.index]
     assert list(cells.index) == ["FedAvg+FT", "FedBABU", "FedProx", "FedNova", "HeteroFL", "Split-Mix FL",
                                  "PerFedMask", "PerFedMask (ν = 0.25)"]
     params = cells[("Cost", "Params (K)")].astype(float)
