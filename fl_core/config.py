@@ -329,8 +329,10 @@ def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) 
 
 def search_space(algorithm: str) -> dict[str, Space]:
     """The knobs a study with `tune` searches for `algorithm` by default, each with its declared
-    space: the common ones (the learning rate), then the method's own (`knob(..., search=...)`)."""
-    return search_spaces(RunConfig) | search_spaces(params_class(algorithm))
+    space: the common ones (the learning rate, unless the method's `common_search` replaces its
+    space), then the method's own (`knob(..., search=...)`)."""
+    params = params_class(algorithm)
+    return search_spaces(RunConfig) | params.common_search | search_spaces(params)
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import sys
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ConfigError(ValueError):
@@ -157,7 +157,11 @@ def normalise(obj) -> None:
 @dataclass(frozen=True)
 class MethodParams:
     """Base of a method's own knobs. A method declares a frozen subclass with `knob` fields and may
-    override `validate` (cross-field checks) and `label` (how the method is named in tables)."""
+    override `validate` (cross-field checks) and `label` (how the method is named in tables).
+    `common_search` replaces the declared search space of a common knob for this method (e.g. the
+    learning rate of a method that only fine-tunes; `fl_core.config.search_space`)."""
+
+    common_search: ClassVar[dict[str, Space]] = {}
 
     def __post_init__(self) -> None:
         normalise(self)

@@ -47,6 +47,17 @@ def test_declared_spaces_name_their_source():
     assert all(s.source for a in ("fedselect", "fedprox", "pfedme", "apfl") for s in search_space(a).values())
 
 
+def test_fine_tuning_methods_search_their_fine_tuning_rate_over_fedl2ps_grid_and_fedl2p_its_meta_rates():
+    def bounds(space):
+        return space.low, space.high, space.log
+
+    ft, fedl2p = search_space("ft"), search_space("fedl2p")
+    assert list(ft) == ["lr"] and bounds(ft["lr"]) == bounds(fedl2p["lr"]) == (1e-5, 1.0, True)  # {1, ..., 1e-5}
+    assert bounds(search_space("fedavg")["lr"]) == (0.01, 0.3, True)       # every other method: training rates
+    assert [bounds(fedl2p[k]) for k in ("meta_lr_bn", "meta_lr_lr", "meta_lr_post")] == [
+        (1e-3, 1e-1, True), (1e-3, 1e-1, True), (1e-4, 1e-2, True)]       # the paper's zeta up to 100 x
+
+
 @pytest.mark.parametrize("change, needle", [
     ({"seeds": [0, 1, 2]}, "needs at least 5; got seeds = [0, 1, 2]"),
     ({"search": {"seed": 3}}, "[search] seed = 3: the search runs on a seed of its own"),

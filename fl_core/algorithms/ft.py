@@ -37,7 +37,7 @@ from ..config import RunConfig
 from ..data import ClientData
 from ..fedl2p.bn_mixing import bn_layers
 from ..fedl2p.personalize import ClientInputs, Policy, client_inputs, fine_tune, fine_tune_tracking, policy_predictor
-from ..knobs import ConfigError, MethodParams, knob
+from ..knobs import ConfigError, MethodParams, Space, knob
 from ..training import derive_seed
 from .base import Algorithm, LocalStats, Predictor
 
@@ -46,6 +46,9 @@ BN_MODES = ("C", "G", "I", "C_authors")
 
 @dataclass(frozen=True)
 class PersonalizeParams(MethodParams):
+    # lr is the fine-tuning rate (FedL2P: LRNet's initial post-multiplier): FedL2P's grid for it
+    common_search: ClassVar[dict[str, Space]] = {"lr": Space(1e-5, 1.0, log=True, source=(
+        "FedL2P's fine-tuning grid {1, 0.1, 0.01, 1e-3, 1e-4, 1e-5} (its appendix D) as a range"))}
     ft_epochs: int = knob(5, "fine-tuning epochs e of the pretrained model on each client's training split before it "
                           "is scored (FedL2P's paper: 5 and 15)", low=0)
 

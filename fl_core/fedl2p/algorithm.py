@@ -63,12 +63,16 @@ from ..client_state import ClientState
 from ..data import ClientData
 from .personalize import (LOOKAHEADS, META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics,
                                   validation_loss)
-from ..knobs import ConfigError, knob
+from ..knobs import ConfigError, Space, knob
 from ..training import derive_seed
 from ..algorithms.base import BYTES_PER_ENTRY, LocalStats, Traffic
 from ..algorithms.ft import Personalizing, PersonalizeParams
 
 META_NETS = ("both", "bnnet", "lrnet")
+# The meta rates a tuned study searches: from the paper's zeta up to 100 x, as a run of tens of
+# rounds makes far fewer meta steps than the paper's 500 rounds (40 rounds x K = 3: 120 against 1500)
+_META_SOURCE = "the paper's zeta (1e-3 / 1e-3 / 1e-4) up to 100 x: tens of rounds, not its 500"
+_META_RATE = Space(1e-3, 1e-1, log=True, source=_META_SOURCE)
 KEEPS = ("paired", "participants")
 
 
@@ -94,9 +98,10 @@ class FedL2PParams(PersonalizeParams):
     neumann_psi: float = knob(0.1, "meta_grad = ift: Neumann series step psi (the paper's 0.1); the series converges only when psi "
                               "times the training loss's largest Hessian eigenvalue is below 2 (below 1 for a "
                               "positive series): benchmarks/fedl2p_neumann.py measures it", low=0, low_open=True)
-    meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0)
-    meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0)
-    meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0)
+    meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0, search=_META_RATE)
+    meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0, search=_META_RATE)
+    meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0,
+                               search=Space(1e-4, 1e-2, log=True, source=_META_SOURCE))
     patience: int = knob(50, "rounds without a replacement of the kept lambda (keep) before meta-training stops", low=1)
     keep: str = knob("paired", "which lambda is kept and scored: paired = the received lambda replaces the kept one when "
                      "its validation loss, mean over the round's participants, is below the kept lambda's on the same "
