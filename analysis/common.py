@@ -14,7 +14,7 @@ import pandas as pd
 
 from fl_core.algorithms import ALGORITHMS
 from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
-from fl_core.results import across_seeds, summarize_trial
+from fl_core.results import KNOB_SYMBOLS, across_seeds, summarize_trial
 
 from .load import labelled
 from .load import unfinished as unfinished_trials
@@ -227,14 +227,36 @@ def chosen_key(cell: pd.DataFrame, knobs: list[str]) -> str:
     return max(ordered, key=lambda key: score[key])  # the first of equal scores in grid order
 
 
+def knob_text(knobs: list[str], values: tuple) -> str:
+    """`p = 0.53, α = 0.359`: numbers to 3 significant digits (a search's draws carry six)."""
+    names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
+    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
+                     for k, v in zip(knobs, values))
+
+
+def chosen_labels(trials: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(setting, method) -> the method's name with the knobs of its chosen configuration
+    (`chosen_trials`) that vary among its trials in that setting, a search's included, e.g.
+    `FedSelect (p = 0.53, α = 0.359, lr = 0.1)`; the plain name where it ran one configuration."""
+    labels = {}
+    for (setting, method), rows in chosen_trials(trials).groupby(["setting", "method"], sort=False):
+        mine = trials[(trials["setting"] == setting) & (trials["method"] == method)]
+        varying = [k for k in config_knobs(mine.columns) if mine[k].astype(str).nunique() > 1]
+        first = rows.iloc[0]
+        labels[(setting, method)] = f"{method} ({knob_text(varying, tuple(first[k] for k in varying))})" if varying \
+            else method
+    return labels
+
+
 def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
-    `chosen_trials`."""
+    `chosen_trials`, and `label`: the method with its chosen configuration (`chosen_labels`)."""
     chosen = chosen_trials(trials)[["config_hash", "setting", "method"]]
     curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
+    labels = chosen_labels(trials)
     rows = []
     for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
-        row = {"setting": setting, "method": method, "round": rnd}
+        row = {"setting": setting, "method": method, "round": rnd, "label": labels[(setting, method)]}
         for key in CURVES:
             mean, std, _ = across_seeds(group[key].to_numpy())
             row |= {f"{key}_mean": mean, f"{key}_std": std}

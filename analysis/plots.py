@@ -55,6 +55,11 @@ def iou_matrix(masks: list[np.ndarray]) -> np.ndarray:
 
 # ---------------------------------------------------------------- figures
 
+def _label(group: pd.DataFrame, method: str) -> str:
+    """A curve's legend: the method with its chosen configuration (`method_curves`' label)."""
+    return str(group["label"].iloc[0]) if "label" in group and len(group) else method
+
+
 def _band(ax, x, mean, std, label, color):
     ax.plot(x, mean, marker="o", markersize=3, label=label, color=color)
     ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2)
@@ -70,7 +75,7 @@ def plot_per_setting(stats: pd.DataFrame, mean: str, std: str, ylabel: str, titl
     for ax, setting in zip(axes[0], settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
             group = group[group[mean].notna()]
-            _band(ax, group["round"], group[mean], group[std], method, colors[method])
+            _band(ax, group["round"], group[mean], group[std], _label(group, method), colors[method])
         ax.set(title=setting, xlabel="round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -92,9 +97,10 @@ def plot_personal_communication(stats: pd.DataFrame, out: Path) -> list[Path]:
     fig, axes = plt.subplots(2, len(settings), figsize=(4.5 * len(settings), 6.5), squeeze=False, sharex="col")
     for col, setting in enumerate(settings):
         for method, group in stats[stats["setting"] == setting].groupby("method"):
+            label = _label(group, method)
             _band(axes[0][col], group["round"], group["personal_fraction_mean_mean"],
-                  group["personal_fraction_mean_std"], method, colors[method])
-            _band(axes[1][col], group["round"], group["mb_total_mean"], group["mb_total_std"], method, colors[method])
+                  group["personal_fraction_mean_std"], label, colors[method])
+            _band(axes[1][col], group["round"], group["mb_total_mean"], group["mb_total_std"], label, colors[method])
         axes[0][col].set_title(setting)
         axes[1][col].set_xlabel("round")
         for ax in axes[:, col]:

@@ -63,7 +63,8 @@ import pandas as pd
 from fl_core.algorithms import get_algorithm, is_algorithm
 from fl_core.results import KNOB_SYMBOLS
 
-from .common import TableError, counted, final_rows, methods_order, selection_rows, settings_order, tuning_note
+from .common import (TableError, counted, final_rows, knob_text, methods_order, selection_rows, settings_order,
+                     tuning_note)
 from .load import DamagedFile, is_gradselect, load_trials, reported_rounds
 from .render import MISSING, UNFINISHED, Table, format_cell, latex_label, preview, summarize, to_latex, to_markdown  # noqa: F401 (the public API)
 from .stats import load_final_accuracies, write_summary
@@ -94,13 +95,6 @@ def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
     for knob, value in zip(knobs, values):
         match &= (trials[knob] == value).to_numpy()
     return trials[match]
-
-
-def _knob_text(knobs: list[str], values: tuple) -> str:
-    """`p = 0.53, α = 0.359`: numbers to 3 significant digits (a search's draws carry six)."""
-    names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
-    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
-                     for k, v in zip(knobs, values))
 
 
 # ----------------------------------------------------------------------------- the numbers
@@ -152,7 +146,7 @@ def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         picked = cell[keep[cell.index]].iloc[0]
         varying = [k for k in knobs if cell[k].astype(str).nunique() > 1]
         how = SELECTION_TEXT[selection_basis(cell)]
-        values = _knob_text(varying, tuple(picked[k] for k in varying))
+        values = knob_text(varying, tuple(picked[k] for k in varying))
         said.setdefault((method, values, keys[cell.index].nunique(), how), []).append(setting)
     everywhere = set(trials["setting"])
     notes = [f"{method} {'in every data setting' if set(settings) == everywhere else 'in ' + '; '.join(settings)}: "
@@ -193,7 +187,7 @@ def methods_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     knobs = ["pers_rate", "pers_limit"]
     if len(fedselect) and not any(n.startswith("FedSelect ") for n in chosen) and \
             len(fedselect[knobs].drop_duplicates()) == 1:  # one configuration everywhere: name it
-        notes.append(f"FedSelect at {_knob_text(knobs, tuple(fedselect[knobs].iloc[0]))}.")
+        notes.append(f"FedSelect at {knob_text(knobs, tuple(fedselect[knobs].iloc[0]))}.")
     notes.append(_evaluated_note(trials))
     notes.append(_threads_note(trials))
     table = summarize(trials, "method", "setting", "methods", methods_order(trials),
@@ -217,7 +211,7 @@ def limit_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
     chosen = chosen.assign(α=chosen["pers_limit"].map(lambda a: f"{a:g}"))
     table = summarize(chosen, "α", "setting", "limit", [f"{a:g}" for a in sorted(chosen["pers_limit"].unique())],
                       settings_order(chosen), mode, caption=f"FedSelect by personalization limit α "
-                                                       f"({_knob_text(knobs, values)}).")
+                                                       f"({knob_text(knobs, values)}).")
     table.row_title = "α"
     return table
 
@@ -238,7 +232,7 @@ def ablation_table(trials: pd.DataFrame, mode: str = "mark") -> Table:
         knobs = ["pers_rate", "pers_limit", "local_epochs"]
         values = _most_common(fedselect, knobs)
         chosen = _at(fedselect, knobs, values)
-        caption = f"FedSelect ablations ({_knob_text(knobs, values)})."
+        caption = f"FedSelect ablations ({knob_text(knobs, values)})."
     table = summarize(chosen, "method", "setting", "ablation", methods_order(chosen),
                       settings_order(chosen), mode, caption=caption, references=ABLATION_REFERENCE)
     table.row_title = "Variant"

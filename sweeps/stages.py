@@ -110,11 +110,13 @@ def method_values(spec: StudySpec, method: Method) -> dict[str, Any]:
     return shared | method.knobs
 
 
-def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seeds) -> list[dict[str, Any]]:
-    """The flat configs of one method on one setting (data knobs, and under tune the study's
-    axes, `tuned_axes`): its other axes crossed, times `seeds` (ranges are left to the search:
-    their low end stands in, see `search_domains`)."""
-    values = {k: v for k, v in method_values(spec, method).items() if k not in setting}
+def method_trials(spec: StudySpec, method: Method, setting: dict[str, Any], seeds,
+                  fixed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The flat configs of one method on one data setting: its axes crossed, times `seeds`
+    (ranges are left to the search: their low end stands in, see `search_domains`); `fixed`: the
+    study's axes under tune set to one combination (`tuned_axes`), never crossed again."""
+    fixed = fixed or {}
+    values = {k: v for k, v in method_values(spec, method).items() if k not in fixed}
     axes = {k: _axis(v) for k, v in values.items()}
     trials = []
     for combo in itertools.product(*axes.values()):
@@ -193,7 +195,7 @@ def selection_stages(spec: StudySpec) -> list[Stage]:
         for method in spec.methods:
             if method.anchor:
                 continue
-            trials = [RunConfig.from_dict(t) for t in method_trials(spec, method, setting | axes, first)]
+            trials = [RunConfig.from_dict(t) for t in method_trials(spec, method, setting | axes, first, axes)]
             group = group_name(trials[0], axis_knobs(spec))
             no_val = [c for c in trials if c.val_fraction <= 0]
             if no_val:

@@ -40,13 +40,16 @@ UNFINISHED = ("INTERRUPTED", "NOT_STARTED")
 
 
 class TrialLedger(tune.Callback):
-    """Remembers, at the end of every step of Tune's loop, each trial's status and config.
-    Kept in a class attribute: on `Tuner.restore` Tune unpickles its own copy of the callback."""
+    """Remembers, at the end of every step of Tune's loop, each trial's status and config, for
+    every stage the driver ran (each stage is a Tuner of its own: a stage's trials stay known when
+    the next one runs, so a trial its scheduler stopped reads STOPPED even when a later stage is
+    interrupted). Kept in a class attribute: on `Tuner.restore` Tune unpickles its own copy of the
+    callback."""
 
     seen: dict[str, tuple[str, dict]] = {}
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
-        TrialLedger.seen = {str(t.path): (t.status, t.config) for t in trials}
+        TrialLedger.seen.update({str(t.path): (t.status, t.config) for t in trials})
 
 
 def trials_table(plan: SweepPlan, ran=(), interrupted: bool = False, selected: set[str] = frozenset()

@@ -142,3 +142,20 @@ def test_missing_masks_skip_heatmap(grid_results, tmp_path, capsys):
     paths = build_plots([copy], out)
     assert "skipping mask IoU heatmap" in capsys.readouterr().out
     _check_written(paths, out, [f for f in FIGURES if f != "mask_iou"])
+
+
+def test_a_curves_legend_names_the_configuration_the_tables_report():
+    """The figures draw each method at `chosen_trials`' configuration and say which: the knobs its
+    search varied, at the chosen values (the committed Table 1 rerun: FedSelect's p and α from
+    its search_best table)."""
+    from analysis.common import chosen_labels, chosen_trials
+    from analysis.load import load_trials
+    from conftest import REPO
+
+    trials = load_trials(sorted((REPO / "docs" / "results" / "baselines-fmnist" / "data").iterdir()))
+    labels = chosen_labels(trials)
+    fedselect = chosen_trials(trials).query("method == 'FedSelect'").iloc[0]
+    assert labels[("fmnist, 5 shards", "FedSelect")] == (f"FedSelect (lr = {fedselect.lr:.3g}, p = {fedselect.pers_rate:.3g}, "
+                                                         f"α = {fedselect.pers_limit:.3g})")
+    assert "p = 0.53" in labels[("fmnist, 5 shards", "FedSelect")]   # the page's search_best: p = 0.53, α = 0.36
+    assert labels[("fmnist, 5 shards", "FedAvg")].startswith("FedAvg (lr = ")
