@@ -66,9 +66,10 @@ import pandas as pd
 
 from fl_core.results import write_parquet
 
-from . import numbers, paired
+from . import paired
 from .common import SELECT, chosen_trials, methods_order, selection_phrase, settings_order, stage_column
 from .load import DamagedFile, diverged, find_sweeps, load_rounds, load_trials, unfinished
+from .numbers import pct
 
 HOLDS, OPPOSITE, EQUIVALENT, UNSURE, NOT_RUN = "holds", "opposite", "equivalent", "inconclusive", "not rerun yet"
 SUPERIORITY, NONINFERIORITY, EQUIVALENCE, BEST, LESS_MB = "superiority", "noninferiority", "equivalence", "best", \
@@ -294,17 +295,13 @@ def busiest_mb(sweep: Path, chosen: pd.DataFrame) -> pd.Series:
 
 # ---------------------------------------------------------------- one row: a claim in a setting
 
-def pct(value: float) -> str:
-    return numbers.pct(value)
-
-
 def interval(d: paired.Difference) -> str:
     """A − B and its 95 % interval, in percentage points."""
     if d.n == 0:
         return "--"
     if not math.isfinite(d.ci_low):
-        return numbers.pct(d.mean, sign=True)
-    return f"{numbers.pct(d.mean, sign=True)} [{numbers.pct(d.ci_low, sign=True)}, {numbers.pct(d.ci_high, sign=True)}]"
+        return pct(d.mean, sign=True)
+    return f"{pct(d.mean, sign=True)} [{pct(d.ci_low, sign=True)}, {pct(d.ci_high, sign=True)}]"
 
 
 def untested(reason: str, verdict: str = UNSURE) -> dict:
@@ -495,7 +492,7 @@ def verdict_of(row: pd.Series) -> dict:
                 "test": f"TOST {margin}; {family}"}
     power = paired.detectable(row["sd"], int(row["seeds"]))
     return {"verdict": UNSURE, "holm_p": row["holm_p_claim"], "test": f"{TEST_NAMES[kind]}; {family}",
-            "note": f"(detectable at 80 % power: ≥ {numbers.pct(power)} pp)" if math.isfinite(power) else ""}
+            "note": f"(detectable at 80 % power: ≥ {pct(power)} pp)" if math.isfinite(power) else ""}
 
 
 # ---------------------------------------------------------------- the page

@@ -234,12 +234,14 @@ def knob_text(knobs: list[str], values: tuple) -> str:
                      for k, v in zip(knobs, values))
 
 
-def chosen_labels(trials: pd.DataFrame) -> dict[tuple[str, str], str]:
+def chosen_labels(trials: pd.DataFrame, chosen: pd.DataFrame | None = None) -> dict[tuple[str, str], str]:
     """(setting, method) -> the method's name with the knobs of its chosen configuration
-    (`chosen_trials`) that vary among its trials in that setting, a search's included, e.g.
-    `FedSelect (p = 0.53, α = 0.359, lr = 0.1)`; the plain name where it ran one configuration."""
+    (`chosen`: `chosen_trials(trials)` unless given) that vary among its trials in that setting,
+    a search's included, e.g. `FedSelect (p = 0.53, α = 0.359, lr = 0.1)`; the plain name where it
+    ran one configuration."""
     labels = {}
-    for (setting, method), rows in chosen_trials(trials).groupby(["setting", "method"], sort=False):
+    chosen = chosen_trials(trials) if chosen is None else chosen
+    for (setting, method), rows in chosen.groupby(["setting", "method"], sort=False):
         mine = trials[(trials["setting"] == setting) & (trials["method"] == method)]
         varying = [k for k in config_knobs(mine.columns) if mine[k].astype(str).nunique() > 1]
         first = rows.iloc[0]
@@ -251,9 +253,10 @@ def chosen_labels(trials: pd.DataFrame) -> dict[tuple[str, str], str]:
 def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Per (setting, method, round): `<key>_mean`, `<key>_std` over seeds of the trial curves of
     `chosen_trials`, and `label`: the method with its chosen configuration (`chosen_labels`)."""
-    chosen = chosen_trials(trials)[["config_hash", "setting", "method"]]
+    picked = chosen_trials(trials)
+    labels = chosen_labels(trials, picked)
+    chosen = picked[["config_hash", "setting", "method"]]
     curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
-    labels = chosen_labels(trials)
     rows = []
     for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
         row = {"setting": setting, "method": method, "round": rnd, "label": labels[(setting, method)]}

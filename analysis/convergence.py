@@ -99,7 +99,6 @@ def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
     label = table["method"].where(~varied, table["method"] + " [" + table["config"] + "]")
     repeat = label.groupby([table["setting"], label]).cumcount()  # never two rows alike (LaTeX needs it)
     label = label.where(repeat == 0, label + " #" + (repeat + 1).astype(str))
-
     verdict = table["converged"].map(lambda v: "n/a" if pd.isna(v) else ("yes" if v else "NO"))
     return pd.DataFrame({
         "Setting": table["setting"], "Method": label,

@@ -114,7 +114,8 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     settings, methods = settings_order(chosen), methods_order(chosen)
     many = len(settings) > 1
     index = pd.MultiIndex.from_product([settings, methods]) if many else pd.Index(methods)
-    parts = {**PARTS, DEVICE_PART: DEVICE_COLUMN} if _width_scored(chosen) else PARTS
+    width_scored = _width_scored(chosen)
+    parts = {**PARTS, DEVICE_PART: DEVICE_COLUMN} if width_scored else PARTS
     columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in parts]
                                         + [("Cost", COST_HEADERS[k]) for k in COST])
     cells = pd.DataFrame(None, index=index, columns=columns, dtype=object)
@@ -151,7 +152,7 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
                + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result."
                + (f" \"full width\": scored on the full-width model, as the PerFedMask authors score HeteroFL and "
                   f"Split-Mix FL (\"{DEVICE_PART}\": each device's own fine-tuned sub-model, untested)."
-                  if _width_scored(chosen) else ""))
+                  if width_scored else ""))
     return cells, bold, caption, verdict.summary("cost")
 
 

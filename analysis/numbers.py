@@ -17,7 +17,7 @@ MISSING = "--"
 def pct(fraction: float | None, sign: bool = False) -> str:
     """A fraction as a percentage with one decimal, e.g. 0.8735 -> "87.3" (or "+87.3" with `sign`);
     MISSING for None or NaN."""
-    if fraction is None or (isinstance(fraction, float) and math.isnan(fraction)) or pd.isna(fraction):
+    if fraction is None or pd.isna(fraction):
         return MISSING
     return f"{100 * float(fraction):{'+' if sign else ''}.1f}"
 
@@ -26,8 +26,4 @@ def as_printed(values):
     """The percentages `pct` prints, as numbers (a float, Series or DataFrame; NaN stays NaN)."""
     def one(v):
         return math.nan if pd.isna(v) else float(pct(v))
-    if isinstance(values, pd.DataFrame):
-        return values.map(one)
-    if isinstance(values, pd.Series):
-        return values.map(one)
-    return one(values)
+    return values.map(one) if isinstance(values, (pd.DataFrame, pd.Series)) else one(values)

@@ -31,9 +31,9 @@ import pandas as pd
 from fl_core.results import REPORT_ROUNDS, across_seeds
 
 from .load import diverged as diverged_trials
-from .numbers import MISSING, as_printed, pct
 from .load import report_rules
 from .load import unfinished as unfinished_trials
+from .numbers import MISSING, as_printed, pct
 from .stats import LATEX_MARKS, Verdict, compare
 
 UNFINISHED = ("mark", "drop")  # what a table does with trials that did not finish (see `summarize`)

@@ -61,7 +61,6 @@ import numpy as np
 import pandas as pd
 
 from fl_core.algorithms import get_algorithm, is_algorithm
-from fl_core.results import KNOB_SYMBOLS
 
 from .common import (TableError, counted, final_rows, knob_text, methods_order, selection_rows, settings_order,
                      tuning_note)

@@ -331,14 +331,22 @@ def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chanc
     loss = rows["loss"].astype(float)
     finite = pd.Series(np.isfinite(loss.to_numpy()), index=rows.index)
     before = finite.groupby(rows["client"]).transform(lambda f: f.shift(fill_value=False).cummax())
-    took_part = rows["participated"].fillna(True).astype(bool) if "participated" in rows else True
-    bad = loss[np.isinf(loss) | (loss.isna() & before & took_part)]
+    bad = loss[lost_losses(rows, before)]
     if len(bad):
         return f"training loss {bad.iloc[0]} at round {int(rows.loc[bad.index[0], 'round'])}"
     accuracy = [h["acc_mean"] for h in history if not math.isnan(h["acc_mean"])]
     if chance and accuracy and fell_to_chance(max(accuracy), accuracy[-1], chance):
         return f"fell to chance: mean accuracy {accuracy[-1]:.3f} after {max(accuracy):.3f} (chance {chance:.3f})"
     return ""
+
+
+def lost_losses(rows: pd.DataFrame, trained_before: pd.Series) -> pd.Series:
+    """Per row (a client in a round), whether its training loss is lost: infinite, or NaN in a
+    client that took part in the round after a finite loss of its own (`trained_before`). The one
+    rule of `divergence` and of a running trial's per-round report (sweeps/trainable.py)."""
+    loss = rows["loss"].astype(float)
+    took_part = rows["participated"].fillna(True).astype(bool) if "participated" in rows else True
+    return np.isinf(loss) | (loss.isna() & trained_before & took_part)
 
 
 def fell_to_chance(peak: float, accuracy: float, chance: float) -> bool:

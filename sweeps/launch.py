@@ -211,10 +211,14 @@ def all_completed(grid) -> bool:
                for r in grid)
 
 
+def stage_winner(grid) -> Any:
+    """The best completed trial's RunConfig of a select stage's Tune results (None: none finished)."""
+    return best_completed([(run_config(r.config), r.metrics or {}) for r in grid if r.config])
+
+
 def without_winner(ran: list[tuple[Stage, Any]]) -> list[str]:
     """The groups of the select stages that ran and have no configuration to confirm."""
-    return [stage.group for stage, grid in ran if stage.kind == "select"
-            and best_completed([(run_config(r.config), r.metrics or {}) for r in grid if r.config]) is None]
+    return [stage.group for stage, grid in ran if stage.kind == "select" and stage_winner(grid) is None]
 
 
 def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
@@ -222,7 +226,7 @@ def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
     out = {}
     for stage, grid in ran:
         if stage.kind == "select":
-            best = best_completed([(run_config(r.config), r.metrics or {}) for r in grid if r.config])
+            best = stage_winner(grid)
             if best is not None:
                 out[best.config_hash()] = best
     return out

@@ -55,7 +55,8 @@ from ray import tune
 from fl_core import kernels
 from fl_core.checkpoints import checkpoint_path, save_model
 from fl_core.data import FederatedData, load_data
-from fl_core.results import REPORT_ROUND_KEYS, client_rows, fell_to_chance, mask_rows, round_rows, summarize_round
+from fl_core.results import (REPORT_ROUND_KEYS, client_rows, fell_to_chance, lost_losses, mask_rows, round_rows,
+                             summarize_round)
 from fl_core.simulation import Simulation
 
 from . import damage, parquet_sink
@@ -94,14 +95,12 @@ def _trained(progress: dict[str, Any], rows: pd.DataFrame) -> list[int]:
 
 
 def _lost(progress: dict[str, Any], rows: pd.DataFrame) -> bool:
-    """Whether the training loss has been lost by this round, by the trial row's rule
-    (fl_core.results.divergence) on this round's rows: an infinite loss, or NaN in a client that
-    took part after a finite loss of its own before (a client the round did not sample, or one
-    that trained nothing, has NaN without diverging). Once lost, always lost."""
-    loss = rows["loss"].astype(float)
-    took_part = rows["participated"].astype(bool) if "participated" in rows else True
+    """Whether the training loss has been lost by this round: the trial row's rule
+    (`fl_core.results.lost_losses`) on this round's rows, with the clients that had a finite loss
+    in an earlier round (a client the round did not sample, or one that trained nothing, has NaN
+    without diverging). Once lost, always lost."""
     before = rows["client"].isin(progress.get("trained_clients", ()))
-    return bool(progress.get("lost")) or bool(np.isinf(loss).any()) or bool((loss.isna() & took_part & before).any())
+    return bool(progress.get("lost")) or bool(lost_losses(rows, before).any())
 
 
 def state_path(sweep_dir: str | Path, config_hash: str) -> Path:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import claims
+from analysis import claims, paired
 from analysis.numbers import MISSING, as_printed, pct
 from analysis.render import format_cell
 
@@ -20,10 +20,13 @@ def test_pct_prints_one_decimal_once_rounded_and_missing_values_as_a_dash():
 
 def test_the_same_mean_prints_alike_in_a_table_cell_and_a_claim():
     rng = np.random.default_rng(0)
-    for mean in rng.random(2000):
-        std = mean / 7
-        assert format_cell(mean, std, 5, 5) == f"{pct(mean)} ± {pct(std)}"
-        assert claims.pct(mean) == pct(mean)
+    for _ in range(300):
+        a, b = (pd.Series(rng.random(5)) for _ in range(2))
+        d = paired.difference(a, b)
+        cell_a = format_cell(a.mean(), a.std(), 5, 5)
+        assert cell_a == f"{pct(a.mean())} ± {pct(a.std())}"
+        assert claims.versus(a, b, d)["ours"] == f"{cell_a.split(' ± ')[0]} vs {pct(b.mean())}"  # the claim row's
+        assert claims.interval(d) == f"{pct(d.mean, sign=True)} [{pct(d.ci_low, sign=True)}, {pct(d.ci_high, sign=True)}]"
 
 
 def test_as_printed_is_what_pct_prints_as_numbers():
