@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import ALGORITHMS
-from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
+from fl_core.config import ALGORITHMS, COMMON_KNOBS, NON_SEMANTIC, knob_owners
 from fl_core.results import KNOB_SYMBOLS, across_seeds, summarize_trial
 
 from .load import labelled
@@ -62,7 +61,7 @@ def settings_order(trials: pd.DataFrame) -> list[str]:
 
 
 def methods_order(trials: pd.DataFrame) -> list[str]:
-    """Method labels in the registry's order of their algorithms (fl_core.algorithms.ALGORITHMS),
+    """Method labels in the registry's order of their algorithms (the values `algorithm` may take),
     then alphabetically (FedSelect before its ablations)."""
     rank = {name: i for i, name in enumerate(ALGORITHMS)}
     pairs = trials[["method", "algorithm"]].drop_duplicates()

@@ -18,7 +18,6 @@ against accuracy:
 """
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
 import matplotlib
@@ -34,23 +33,27 @@ from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, 
 from analysis.figures import heatmap, method_colors, save_figure
 from analysis.render import MISSING, accuracy_words, latex_label, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
-from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
 
 REFERENCE = ("D-PSGD",)
 BUSIEST = "the server for methods with one (it carries every client's traffic), else the most loaded client"
 
 
-@cache
-def has_server(algorithm: str) -> bool:
-    return get_algorithm(algorithm).has_server()
+def method_fact(rows: pd.DataFrame, fact: str) -> pd.Series:
+    """Per row, the boolean method fact `fact` ("has_server", "communicates") its files carry
+    (fl_core.algorithms.METHOD_FACTS); a TableError naming the methods whose rows lack it (an
+    external method that does not import where the results are read)."""
+    values = rows[fact] if fact in rows else pd.Series(None, index=rows.index, dtype=object)
+    if values.isna().any():
+        unknown = sorted(map(str, rows.loc[values.isna(), "algorithm"].unique()))
+        raise TableError(f"the results do not say whether {', '.join(unknown)} {fact.replace('_', ' a ')} "
+                         f"(rows without `{fact}`; make the method importable here to read it from its class)")
+    return values.astype(bool)
 
 
-@cache
-def serverless_communicating(algorithm: str) -> bool:
-    """Whether a method exchanges models without a server (DisPFL, D-PSGD; not Local)."""
-    cls = get_algorithm(algorithm)
-    return cls.communicates and not cls.has_server()
+def serverless_communicating(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its method exchanges models without a server (DisPFL, D-PSGD; not Local)."""
+    return method_fact(rows, "communicates") & ~method_fact(rows, "has_server")
 
 
 # ---------------------------------------------------------------- computations (pure)
@@ -59,7 +62,7 @@ def busiest_node_mb(rounds: pd.DataFrame) -> pd.DataFrame:
     """Cumulative traffic of each trial's busiest node, in MB (1e6 bytes), per round.
 
     A client's bytes in round s are its `bytes_up + bytes_down`. For a method with a server
-    (`has_server()`) the busiest node is the server, which carries every client's traffic: its load
+    (its rows' `has_server`) the busiest node is the server, which carries every client's traffic: its load
     at round t is the sum over rounds s <= t and over all clients k of bytes[k, s]. Otherwise (a
     server-less method, or Local) it is the client with the largest cumulative load,
     max over k of (sum over s <= t of bytes[k, s]) -- not the sum of per-round maxima.
@@ -67,9 +70,9 @@ def busiest_node_mb(rounds: pd.DataFrame) -> pd.DataFrame:
     sent = (rounds["bytes_up"].astype(float) + rounds["bytes_down"].astype(float)).fillna(0.0)
     per_client = sent.groupby([rounds["config_hash"], rounds["round"], rounds["client"]]).sum()
     cumulative = per_client.unstack("client", fill_value=0.0).groupby(level="config_hash").cumsum()
-    algorithm = rounds.groupby("config_hash")["algorithm"].first()
+    server_of = method_fact(rounds, "has_server").groupby(rounds["config_hash"]).first()
     hashes = cumulative.index.get_level_values("config_hash")
-    server = hashes.map(algorithm).map(has_server).to_numpy(dtype=bool)
+    server = hashes.map(server_of).to_numpy(dtype=bool)
     load = np.where(server, cumulative.sum(axis=1), cumulative.max(axis=1)) / MB
     return pd.DataFrame({"config_hash": hashes, "round": cumulative.index.get_level_values("round"),
                          "busiest_node_mb": load})
@@ -176,7 +179,7 @@ def build_traffic_outputs(sweeps, trials: pd.DataFrame, out_dir, masks: pd.DataF
     `masks`: `load_masks(sweeps)` if already read."""
     out, written = Path(out_dir), []
     known = not trials.empty and {"acc_mean", "algorithm"} <= set(trials.columns)
-    if not known or not trials["algorithm"].map(serverless_communicating).any():
+    if not known or not serverless_communicating(trials).any():
         print("skipping accuracy vs busiest-node traffic: no server-less method that communicates (DisPFL, D-PSGD)")
     else:
         rounds = load_rounds(sweeps, trials=chosen_trials(trials)["config_hash"])
@@ -199,7 +202,7 @@ def traffic_wanted(trials: pd.DataFrame) -> bool:
     if trials.empty or not {"algorithm", "acc_mean"} <= set(trials.columns):
         return False
     trials = final_rows(trials)
-    wanted = trials["algorithm"].map(serverless_communicating) & trials["acc_mean"].notna() & ~unfinished(trials)
+    wanted = serverless_communicating(trials) & trials["acc_mean"].notna() & ~unfinished(trials)
     return bool(wanted.any())
 
 

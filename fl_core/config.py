@@ -19,16 +19,18 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, params_class
+from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, method_facts, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
 from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
 from .models import RUNNING_STATS_MODELS, WIDTH_MODELS
-from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, did_you_mean, knob, knob_fields,
-                    normalise, search_spaces)
+from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, base_type, check_fields, did_you_mean, knob,
+                    knob_fields, normalise, search_spaces)
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
 # resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
@@ -48,7 +50,7 @@ MOMENTUM_SCOPES = ("epoch", "round")
 BN_STATS = ("global", "local")
 DEVICES = ("cpu", "cuda", "auto")
 
-__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]
+__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS", "config_from_row"]
 
 
 @dataclass(frozen=True, init=False)
@@ -307,6 +309,41 @@ class RunConfig:
         """The method's display name (e.g. `FedSelect (layer B)`)."""
         from .algorithms import get_algorithm
         return self.method.label(get_algorithm(self.algorithm).display)
+
+    def method_facts(self) -> dict[str, Any]:
+        """What the results' readers need to know of the method (`fl_core.algorithms.METHOD_FACTS`)."""
+        return method_facts(self.algorithm)
+
+
+def config_from_row(row: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of a result row: its common knobs and its own method's knobs (a row of
+    engine v1 carries every method's knobs; the others are left out). Empty cells take the
+    knob's default."""
+    own = params_class(row["algorithm"])
+    values = {}
+    for cls in (RunConfig, own):
+        for f in knob_fields(cls):
+            if f.name not in row or f.name in NON_SEMANTIC:
+                continue
+            value = _plain(row[f.name])
+            if value is None and f.default is not None:
+                continue  # a column another method or sweep wrote; not this row's
+            if base_type(cls, f)[0] is int and isinstance(value, float) and value.is_integer():
+                value = int(value)  # an int column that held NaN for other rows was read as float
+            values[f.name] = value
+    return RunConfig.from_dict(values)
+
+
+def _plain(value: Any) -> Any:
+    """A Parquet cell as a plain Python value (None for an empty cell; arrays left as they are)."""
+    import numpy as np  # here, not at the top: listing the methods and knobs needs neither
+    import pandas as pd
+
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Rows are built here and nowhere else (the CLI, the sweeps, the MLflow sink and `
 these functions), so they cannot disagree. Every row carries the run's config columns: the
 common knobs and the chosen method's own knobs only (never another method's), `config_hash`,
 `seed`, `version`, and two labels, `method` (e.g. `FedSelect (layer B)`) and `setting` (e.g.
-`digits, Dir(0.1)`), so readers need no name lists of their own.
+`digits, Dir(0.1)`), and the method's facts (`fl_core.algorithms.METHOD_FACTS`: which model its
+accuracy measures, whether it has a server, whether it communicates), so readers need no name
+lists of their own and never the method's code.
 
 Statistics (defined once, here):
 - over clients (one round of one trial): unweighted mean and population std (ddof = 0) over
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
+from .algorithms import METHOD_FACTS
 
 MB = 1e6
 STANDARD_CLIENT_COLUMNS = frozenset({
@@ -242,7 +245,7 @@ def _missing(value: Any) -> bool:
 # ---------------------------------------------------------------------------- rows
 # Columns a caller may add to rows besides config and numbers (`round_rows(..., **context)`).
 ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", "model", "kernels", "cpu_isa"})
-CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key"})
+CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key", *METHOD_FACTS})
 
 
 def known_config_columns() -> frozenset[str]:
@@ -257,7 +260,7 @@ def config_columns(config) -> dict[str, Any]:
     cols = config.semantic_dict()
     cols |= {"config_hash": config.config_hash(), "version": __version__, "method": config.label(),
              "setting": setting_label(cols), "data_key": config.data_key()}
-    return cols
+    return cols | config.method_facts()
 
 
 def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from sweeps.parquet_sink import read_rounds
 
-from analysis.load import row_config
+from fl_core.config import config_from_row
 from fl_core.simulation import Simulation
 
 # 3 clients on the synthetic source, a few rounds: each trial takes about a second of compute.
@@ -66,7 +66,7 @@ def direct_final_rows(trials: pd.DataFrame) -> pd.DataFrame:
     Each trial's config is rebuilt from its trials.parquet row and must hash as the row says."""
     rows = []
     for _, row in trials.iterrows():
-        config = row_config(row).replace(threads=1)
+        config = config_from_row(row).replace(threads=1)
         assert config.config_hash() == row["config_hash"]
         final = list(Simulation(config).run())[-1]
         rows += [{"config_hash": row["config_hash"]} | r for r in final.rows()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.load import trials_from_rounds
+from fl_core.result_files import trials_from_rounds
 from sweep_helpers import V1_KNOBS
 from sweeps import parquet_sink
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis import tables
+from analysis.common import TableError
 from analysis.load import find_sweeps, load_masks, load_rounds, load_trials
 from analysis.plots import build_plots
 from analysis.traffic import (_pick_dispfl_trial, build_traffic_outputs, busiest_node_mb, hamming_matrix,
@@ -83,7 +84,8 @@ def test_busiest_node_server_sums_clients_serverless_takes_max_of_cumulative(swe
 
 
 def test_busiest_node_counts_missing_clients_as_silent():
-    rows = pd.DataFrame({"config_hash": "a", "algorithm": "dpsgd", "round": [1, 1, 2], "client": [0, 1, 1],
+    rows = pd.DataFrame({"config_hash": "a", "algorithm": "dpsgd", "has_server": False, "round": [1, 1, 2],
+                         "client": [0, 1, 1],
                          "bytes_up": [3e6, 1e6, 1e6], "bytes_down": [0.0, 0.0, 2e6]})
     assert busiest_node_mb(rows)["busiest_node_mb"].tolist() == pytest.approx([3, 4])
 
@@ -172,3 +174,10 @@ def test_traffic_table_counts_a_diverged_run_and_names_the_reported_round(sweep,
             "(report\\_round = best\\_val), mean $\\pm$ std over seeds") in latex
     summary = pd.read_parquet(tmp_path / "t" / "summary.parquet").set_index("row")
     assert summary.loc["DisPFL", "diverged"] == 1 and summary.loc["DisPFL", "n"] == 1
+
+
+def test_a_method_whose_rows_do_not_say_whether_it_has_a_server_is_named_not_guessed():
+    rows = pd.DataFrame({"config_hash": "a", "algorithm": "ext.mod:Gone", "round": [1], "client": [0],
+                         "bytes_up": [1e6], "bytes_down": [0.0], "has_server": [None]})
+    with pytest.raises(TableError, match=r"do not say whether ext\.mod:Gone has a server"):
+        busiest_node_mb(rows)
