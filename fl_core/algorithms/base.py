@@ -111,6 +111,10 @@ class Algorithm:
     # sample of the seen clients, `participants`), or the method's own (D-PSGD and DisPFL: `active`,
     # each client on its own); a method with its own refuses `participation` below 1.
     sampled_by: ClassVar[str] = "participation"
+    # Whether the server's broadcast writes into the clients' models (`receive`); False where only
+    # other values travel (FedL2P: λ). The round loop then knows that the communication step left
+    # a client's model as it was, and reuses its scores after local training.
+    broadcasts_model: ClassVar[bool] = True
 
     @classmethod
     def has_server(cls) -> bool:

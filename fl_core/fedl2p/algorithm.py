@@ -130,6 +130,7 @@ class FedL2P(Personalizing):
     display = "FedL2P"
     Params = FedL2PParams
     communicates = True
+    broadcasts_model = False  # only λ travels
     needs_validation = True
 
     # ---------------------------------------------------------------- λ
