@@ -10,7 +10,7 @@ from conftest import tiny
 from fl_core.simulation import Simulation
 from fl_core.sparse import anneal_rate, layer_densities, permutation, prune_count, prune_smallest, random_masks, regrow
 from fl_core.topology import active_clients, neighbours
-from fl_core.training import LocalTrainer, SGDSettings
+from fl_core.training import ClipGradNorm, LocalTrainer, SGDSettings
 
 
 def params_of(sim, k):
@@ -196,7 +196,7 @@ def test_gradient_clip_bounds_the_step():
     trainer = LocalTrainer(model, SGDSettings(lr=1.0, batch_size=8, momentum=0.0, weight_decay=0.0))
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     x, y = torch.randn(8, 3) * 100, torch.randint(0, 2, (8,))
-    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in state}, seed=0, max_grad_norm=0.01)
+    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in state}, seed=0, corrections=[ClipGradNorm(0.01)])
     step = torch.linalg.vector_norm(torch.cat([(new[n] - state[n]).reshape(-1) for n in state]))
     assert step == pytest.approx(0.01, rel=1e-3)
 

@@ -348,7 +348,7 @@ class Algorithm:
 
         The batch order depends on (seed, round, client, epoch, purpose) only, so two methods that
         make the same pass see the same batches. `options` go to `LocalTrainer.train_pass`
-        (`loss_fn`, `prox`, `lr`; the lr defaults to the round's scheduled one).
+        (`loss_fn`, `corrections`, `lr`; the lr defaults to the round's scheduled one).
         """
         seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
         options.setdefault("lr", self.lr(rnd))

@@ -52,7 +52,7 @@ from ..knobs import knob
 from ..masks import as_float, count_nonzero, personal_fraction, zero_where
 from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks, regrow
 from ..topology import TopologyParams
-from ..training import State, derive_seed
+from ..training import State, clipped, derive_seed
 from .base import ClientInfo, LocalStats, Traffic
 from .dpsgd import DPSGD
 
@@ -112,7 +112,7 @@ class DisPFL(DPSGD):
         old = {n: client.mask[n] for n in self.param_names}  # unpacked once
         update = {n: as_float(~old[n], client.state[n].dtype) for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update,
-                                max_grad_norm=self.params.max_grad_norm)
+                                corrections=clipped(self.params.max_grad_norm))
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)
         client.extra["next_mask"] = new
         entries = sum(m.numel() for m in old.values())
