@@ -98,8 +98,8 @@ def chosen_row(rows: pd.DataFrame):
     done = rows[~unfinished_trials(rows) & rows[objective].notna()]
     if not len(done):
         return None
-    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done else ["_neg"],
-                                                          kind="stable")
+    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done
+                                                          else ["_neg"], kind="stable")
     return order.index[0]
 
 
@@ -229,8 +229,8 @@ def chosen_key(cell: pd.DataFrame, knobs: list[str]) -> str:
 def knob_text(knobs: list[str], values: tuple) -> str:
     """`p = 0.53, α = 0.359`: numbers to 3 significant digits (a search's draws carry six)."""
     names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
-    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
-                     for k, v in zip(knobs, values))
+    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number))
+                     else f"{names.get(k, k)} = {v}" for k, v in zip(knobs, values))
 
 
 def chosen_labels(trials: pd.DataFrame, chosen: pd.DataFrame | None = None) -> dict[tuple[str, str], str]:
@@ -255,7 +255,8 @@ def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     picked = chosen_trials(trials)
     labels = chosen_labels(trials, picked)
     chosen = picked[["config_hash", "setting", "method"]]
-    curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
+    curves = (trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))])
+              .merge(chosen, on="config_hash"))
     rows = []
     for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
         row = {"setting": setting, "method": method, "round": rnd, "label": labels[(setting, method)]}

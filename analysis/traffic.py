@@ -6,7 +6,8 @@ exchanges with its neighbours. This module measures that load from the round row
 against accuracy:
 - `busiest_node_mb`: per (trial, round), the busiest node's cumulative MB (the definition).
 - figure `accuracy_vs_busiest_traffic`: mean accuracy over clients against that load, one line per
-  method, one panel per data setting (mean over seeds, each method at the configuration the tables show: analysis.common.chosen_trials).
+  method, one panel per data setting (mean over seeds, each method at the configuration the tables
+  show: analysis.common.chosen_trials).
 - figure `mask_hamming` (the DisPFL paper's Fig. 6): for the best DisPFL trial with masks, the
   clients' label similarity next to the normalised Hamming distance of their final masks.
 - table `traffic` (`tables/traffic.tex`): per method and data setting, the final accuracy and the
@@ -28,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_clients, load_masks, load_rounds, reported_rounds, unfinished
-from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order,
-                             selection_phrase, settings_order)
+from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves,
+                             methods_order, selection_phrase, settings_order)
 from analysis.figures import heatmap, method_colors, save_figure
 from analysis.render import MISSING, accuracy_words, latex_label, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
@@ -237,11 +238,13 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
         marks[(setting, "Acc. (%)")] = bold[setting]
         cells[(setting, "Busiest node (MB)")] = [_mb_text(mb.get((m, setting), np.nan)) for m in methods]
     seeds = acc.usual_n
-    count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell" + ("" if acc.seeds_uniform() else " unless marked (n=k)")
+    count = (f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
+             + ("" if acc.seeds_uniform() else " unless marked (n=k)"))
     dropped = list(trials.loc[late].reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
     caption = (f"Accuracy and traffic of the busiest node. {accuracy_words(acc.reported)}, mean ± std over seeds "
-               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the "
-               f"run, mean over seeds; busiest node: {BUSIEST}. Each method at {selection_phrase(finished)} per data "
+               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest "
+               f"node over the run, mean over seeds; busiest node: {BUSIEST}. Each method at "
+               f"{selection_phrase(finished)} per data "
                f"setting; finished trials only; {MISSING} = no result. "
                + unfinished_note(dropped, dropped=True)).strip()
     return cells, marks, caption, verdict.summary("traffic")

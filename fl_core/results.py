@@ -37,7 +37,8 @@ from .algorithms import METHOD_FACTS
 MB = 1e6
 STANDARD_CLIENT_COLUMNS = frozenset({
     "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "acc_val_global", "loss",
-    "n_train", "n_val", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr", "pool"})
+    "n_train", "n_val", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr",
+    "pool"})
 SEED_DDOF = 1
 
 
@@ -81,7 +82,10 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
     keys = [*by, "round"]
     up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
     seen = rows["pool"].ne("unseen") if "pool" in rows else pd.Series(True, index=rows.index)
-    only_seen = lambda column: rows[column].astype(float).where(seen)
+
+    def only_seen(column):
+        return rows[column].astype(float).where(seen)
+
     acc = only_seen("acc")
     weight = rows["n_test"].astype(float).where(acc.notna())
     frame = pd.DataFrame({k: rows[k] for k in keys}).assign(
@@ -276,8 +280,9 @@ def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any
 def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
     """One row per client: its realised train, validation and test label histograms."""
     base = config_columns(config) | context
-    rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
-                    "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
+    rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()),
+                    "n_val": int(data.val_hist[k].sum()), "n_test": int(data.test_hist[k].sum()),
+                    "train_label_hist": data.train_hist[k].tolist(),
                     "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
             for k in range(len(data.clients))]
     if getattr(data, "domain_hist", None) is not None:  # feature shift: the client's domain, its (domain, label) counts

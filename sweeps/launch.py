@@ -31,7 +31,8 @@ from . import damage, parquet_sink, resources
 from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
-from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
+from .mlflow_sink import MLflowSink, default_tracking_uri, log_sweep_tables
+from .mlflow_view import fail_fast_on_servers
 from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
 from .spec import budget_line, to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
@@ -79,9 +80,11 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
         key = config.data_key()
         if key not in datasets:
             datasets[key] = load_data(config)
-    stages = ", ".join(s.name for s in plan.stages) + (", tune-confirm" if plan.spec.selects and len(plan.spec.seeds) > 1 else "")
+    stages = (", ".join(s.name for s in plan.stages)
+              + (", tune-confirm" if plan.spec.selects and len(plan.spec.seeds) > 1 else ""))
     print(f"[sweep] {plan.study}: {len(plan.configs)} planned trials"
-          + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled" if plan.search == "optuna" else "")
+          + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled"
+             if plan.search == "optuna" else "")
           + f"; {len(datasets)} client datasets (data settings x seeds); stages: {stages}", flush=True)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
@@ -96,7 +99,8 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
                 guard.reinstall()
         request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
-              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
+              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU",
+              flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
         pause_for_tests("start")
         save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
@@ -449,7 +453,8 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str | None = None
     stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
     stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" if n else "-" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]
-    stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-" for (low, high), n in zip(stats["ci"], stats["count"])]
+    stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-"
+                       for (low, high), n in zip(stats["ci"], stats["count"])]
     stats["seeds"] = stats["count"].astype(int)
     stats["diverged"] = stats["lost"].astype(int)
     stats["mb_total"] = stats["mb"].round(2)

@@ -127,7 +127,8 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     methods = parser.add_argument_group("methods and seeds")
     methods.add_argument("--algorithms", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="the compared (searched) methods, each with its knobs from the file where it has an "
-                              "entry (default: " + show_value([m.algorithm for m in spec.methods if not m.anchor]) + ")")
+                              "entry (default: "
+                              + show_value([m.algorithm for m in spec.methods if not m.anchor]) + ")")
     methods.add_argument("--anchors", nargs="*", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="methods run as anchors on every data setting, epochs value and seed, to completion, "
                               "outside any search or scheduler; none: --anchors (default: "
@@ -139,7 +140,8 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                       wrap_type=range_or_value)
 
     out = parser.add_argument_group("results")
-    out.add_argument("--results", type=Path, default=Path("results"), help="results folder (all sweeps) (default: results)")
+    out.add_argument("--results", type=Path, default=Path("results"),
+                     help="results folder (all sweeps) (default: results)")
     out.add_argument("--name", default=None,
                      help="sweep name (default: <study>-<date>-<time>); with --resume, the sweep to continue")
     out.add_argument("--tracking-uri", default=None,

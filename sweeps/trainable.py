@@ -172,7 +172,8 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
                   "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
         progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
-                    "chosen_by": chosen_by, "last_report": report, "lost": lost, "trained_clients": _trained(progress, rows),
+                    "chosen_by": chosen_by, "last_report": report, "lost": lost,
+                    "trained_clients": _trained(progress, rows),
                     "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)

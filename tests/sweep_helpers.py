@@ -50,7 +50,8 @@ def check_staged(folder, rounds: int, samples: int, anchors: int = 2 * 2, search
         for again in confirm[confirm.setting == setting].itertuples():
             assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
     rows = read_rounds(folder)
-    assert len(rows) == int(trials.rounds_done.sum()) * 3 and not rows.duplicated(["config_hash", "round", "client"]).any()
+    assert (len(rows) == int(trials.rounds_done.sum()) * 3
+            and not rows.duplicated(["config_hash", "round", "client"]).any())
     assert {p.name for p in folder.glob("tune-*")} == {"tune-anchors", "tune-select-0", "tune-select-1", "tune-confirm"}
     assert (folder / "tables" / "search_best.tex").exists() and (folder / "figures" / "search_history.png").exists()
     return trials
@@ -111,7 +112,8 @@ def write_v1_sweep(folder: Path, with_trials: bool = True) -> pd.DataFrame:
         for rnd in (1, 2):
             rows = [knobs | {"config_hash": key, "sweep": folder.name, "trial_id": f"t{n}", "round": rnd, "client": k,
                              "acc": acc - 0.1 * (rnd == 1), "acc_local": acc, "acc_global": acc - 0.2, "loss": 0.5,
-                             "n_train": 40, "n_test": 10 + k, "personal_fraction": 0.2 * rnd * (algorithm == "fedselect"),
+                             "n_train": 40, "n_test": 10 + k,
+                             "personal_fraction": 0.2 * rnd * (algorithm == "fedselect"),
                              "bytes_up": 1000, "bytes_down": 1000, "seconds": 0.1, "round_seconds": 0.3}
                     for k, acc in enumerate(final)]
             path = folder / "rounds" / f"{key}-r{rnd:04d}.parquet"

@@ -39,7 +39,8 @@ def test_ditto_with_lambda_zero_trains_exactly_the_local_models():
         for name, t in cl.state.items():
             assert torch.equal(personal[name], t), name
     # ... while the global part still communicates and differs from the personal model.
-    assert any(not torch.equal(c.state[n], c.extra["personal"][n]) for c in ditto.clients for n in ditto.algorithm.param_names)
+    assert any(not torch.equal(c.state[n], c.extra["personal"][n])
+               for c in ditto.clients for n in ditto.algorithm.param_names)
 
 
 def test_ditto_lambda_pulls_the_personal_model_toward_the_global_model():

@@ -522,7 +522,8 @@ def test_asha_rungs_survive_a_restore_and_it_stops_what_an_uninterrupted_run_sto
     results = [(k, rnd, rng.random() + 0.05 * rnd) for k in range(8) for rnd in range(1, 9)]
     cut = 4 * 8 + 3  # the driver stops while the fifth trial is in round 3
     outcomes = {}
-    for name, make in [("ours", lambda: ResumableASHA(tmp_path / "rungs.json", **knobs)), ("ray", lambda: ASHAScheduler(**knobs))]:
+    for name, make in [("ours", lambda: ResumableASHA(tmp_path / "rungs.json", **knobs)),
+                       ("ray", lambda: ASHAScheduler(**knobs))]:
         straight = make()
         for trial in trials:
             straight.on_trial_add(None, trial)

@@ -8,8 +8,9 @@
   hypernetwork, a mask schedule) diverges after the resume.
 - **Partial participation.** With `participation=0.5`, two of the four clients take part in each
   round (a method that samples clients itself, D-PSGD and DisPFL with `active`, refuses
-  `participation` and runs with `active=0.5`); the rows mark exactly the clients the method sampled; a client that sits out a round has
-  no training loss (NaN), no traffic, and keeps its model and mask.
+  `participation` and runs with `active=0.5`); the rows mark exactly the clients the method sampled;
+  a client that sits out a round has no training loss (NaN), no traffic, and keeps its model and
+  mask.
 - **An unseen client.** With `unseen_clients=1` the run completes; the held-out client is in pool
   "unseen" in every round, never takes part, sends nothing, keeps its stored state, and has a
   finite accuracy after the last round (NaN before).
@@ -59,7 +60,9 @@ SCENARIOS = {"half": dict(rounds=3, participation=0.5), "unseen": dict(rounds=2,
 
 def known_bug(failing: dict[str, str]) -> list:
     """ALGORITHMS as parameters, those in `failing` (name -> the bug) marked as strict xfails."""
-    mark = lambda a: pytest.mark.xfail(raises=AssertionError, strict=True, reason=failing[a])
+    def mark(a):
+        return pytest.mark.xfail(raises=AssertionError, strict=True, reason=failing[a])
+
     return [pytest.param(a, marks=mark(a)) if a in failing else a for a in ALGORITHMS]
 
 

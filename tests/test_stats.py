@@ -411,6 +411,7 @@ def test_the_tables_go_to_the_sweeps_mlflow_run(tmp_path):
     (folder / "methods.tex").write_text("table")
     write_parquet(pd.DataFrame({"table": ["methods"]}), folder / stats.SUMMARY)
     assert log_sweep_tables(uri, "study", "s1", folder)
-    assert sorted(a.path for a in client.list_artifacts(run, "tables")) == ["tables/methods.tex", "tables/summary.parquet"]
+    assert (sorted(a.path for a in client.list_artifacts(run, "tables"))
+            == ["tables/methods.tex", "tables/summary.parquet"])
     assert not log_sweep_tables(uri, "study", "another sweep", folder)            # no such run: nothing logged
     assert not log_sweep_tables(uri, "study", "s1", tmp_path / "nowhere")

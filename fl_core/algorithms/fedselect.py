@@ -65,18 +65,20 @@ VARIANT_LABELS = {"personalize_least": "personalize least", "random": "random"}
 
 @dataclass(frozen=True)
 class FedSelectParams(MethodParams):
-    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round", low=0, high=1,
+    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round",
+                            low=0, high=1,
                             search=Space(0.05, 0.6, source="around the paper's p = 0.25; our grids' 0.1-0.5 widened"))
     pers_limit: float = knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor", low=0, high=1,
                              search=Space(0.2, 0.95, source="the paper's grid of alpha, 0.2-0.8 (its CIFAR-10 runs), "
                                           "up to near local training"))
-    select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every parameter)",
-                              choices=("weights", "all"))
-    fedselect_mode: str = knob("default", "semantics: default (this file's docstring) or faithful (the public reference code)",
-                               choices=("default", "faithful"))
+    select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every "
+                              "parameter)", choices=("weights", "all"))
+    fedselect_mode: str = knob("default", "semantics: default (this file's docstring) or faithful (the public "
+                               "reference code)", choices=("default", "faithful"))
     mask_every: int = knob(1, "faithful mode: grow the mask every k rounds", low=1)
-    fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; personalize_least = "
-                                  "smallest |Δ|; layer = one whole block; random = random entries", choices=VARIANTS)
+    fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; "
+                                  "personalize_least = smallest |Δ|; layer = one whole block; random = random entries",
+                                  choices=VARIANTS)
     layer_block: str = knob("A", "layer ablation: the block made personal (A-D, see fl_core/models.py)", choices=BLOCKS)
 
     def label(self, display: str) -> str:
@@ -119,7 +121,8 @@ class FedSelect(Algorithm):
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         self.apply_next_mask(client)  # normally done by `receive`; here if no broadcast came
         grows = self.grows_in(rnd) and self.params.fedselect_variant != "layer"
-        reference = None  # Δ is measured from the start of LocalAlt, or (faithful) from the state kept at the last update
+        # Δ is measured from the start of LocalAlt, or (faithful) from the state kept at the last update
+        reference = None
         if grows:  # default: the tensors held now, which training leaves as they are (its first pass copies)
             reference = client.extra["reference"] if self.faithful else {n: client.state[n] for n in self.selectable}
         stats = self.local_alt(k, client, data, rnd)

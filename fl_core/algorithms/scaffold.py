@@ -79,7 +79,8 @@ class SCAFFOLD(Algorithm):
         """(K, a): the SGD steps of one local update on `n_train` samples and the ℓ1 norm of
         their step weights under the run's momentum (a = K without momentum)."""
         cfg = self.config
-        return local_steps_weight(cfg.local_epochs, math.ceil(n_train / cfg.batch_size), cfg.momentum, cfg.momentum_scope)
+        return local_steps_weight(cfg.local_epochs, math.ceil(n_train / cfg.batch_size), cfg.momentum,
+                                  cfg.momentum_scope)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         c, ck = self.control, client.extra.get(CONTROL)

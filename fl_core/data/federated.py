@@ -185,6 +185,8 @@ def held_out(client_domains: list[str | None], unseen_clients: int, unseen_domai
     by_domain = [k for k, d in enumerate(client_domains) if d in names]
     rest = [k for k in range(len(client_domains)) if k not in by_domain]
     if unseen_clients > len(rest) - 1:
-        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train ({len(rest)} outside unseen domains)")
-    sample = np.random.default_rng([seed, 0x5EE]).choice(rest, size=unseen_clients, replace=False) if unseen_clients else []
+        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train ({len(rest)} outside unseen "
+                        f"domains)")
+    sample = (np.random.default_rng([seed, 0x5EE]).choice(rest, size=unseen_clients, replace=False)
+              if unseen_clients else [])
     return tuple(sorted({*by_domain, *(int(k) for k in sample)}))
