@@ -49,7 +49,8 @@ def test_the_trainer_adds_the_shift_after_clipping_and_before_weight_decay_and_m
     x, y = torch.zeros(10, 3), torch.zeros(10, dtype=torch.long)  # 3 steps (4, 4, 2 samples)
     start = read_state(model)
     out, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0,
-                                   corrections=[ShiftGradient({"weight": shift}), ClipGradNorm(clip)], loss_fn=lambda m, xb, yb: (m.weight * g).sum())
+                                   corrections=[ShiftGradient({"weight": shift}), ClipGradNorm(clip)],  # any order
+                                   loss_fn=lambda m, xb, yb: (m.weight * g).sum())
     w, v = start["weight"].double(), torch.zeros(1, 3, dtype=torch.float64)
     for _ in range(3):  # by hand: clip, shift, decay, momentum, step
         d = g.double() * min(1.0, clip / (13.0 + 1e-6)) + shift.double() + wd * w
