@@ -158,31 +158,8 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                              reproducible=args.reproducible, report_round=plan.spec.report_round),
         request.as_tune())
     TrialLedger.seen = {}
-    stages, ran, repaired = list(plan.stages), [], []
-    start, stopped = time.time(), None
-    while len(ran) < len(stages):
-        stage = stages[len(ran)]
-        tuner = _tuner(plan, stage, trainable)
-        with guard.tune():
-            pause_for_tests(f"fit {stage.name}")  # test hook: the stage's Tuner exists (tuner.pkl), Tune not run
-            ran.append((stage, tuner.fit()))
-            repair = damage.repair_stage(plan.folder, stage, ran[-1][1])
-            if repair is not None and guard.signum is None:
-                repaired.append((repair, _tuner(plan, repair, trainable).fit()))
-        stopped = guard.signum
-        if stopped is not None:
-            break
-        if stage.kind == "pretrain" and not all_completed(ran[-1][1]):
-            print(f"[sweep] {stage.name}: not every pretraining completed (see trials.parquet); the next stage "
-                  f"starts from their models and does not run without them", flush=True)
-            break
-        if len(ran) == len(stages) and plan.spec.selects and stage.kind != "confirm":
-            for group in without_winner(ran):
-                print(f"[sweep] {group}: no configuration reached its last round without diverging on the search "
-                      f"seed, so none is confirmed (trials.parquet: status, diverged_why)", flush=True)
-            confirm = confirm_stage(plan.spec, list(winners(ran).values()))
-            if confirm is not None:
-                stages.append(confirm)
+    start = time.time()
+    ran, repaired, stopped = _run_stages(plan, trainable, guard)
     elapsed = time.time() - start
     finished = ran[:-1] if stopped is not None else ran  # an interrupted select stage has no winner yet
     with guard.hold(then_raise=False):  # the results are written whatever comes now
@@ -207,6 +184,38 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
         return exit_code(stop.signum)
     return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
+
+
+def _run_stages(plan: SweepPlan, trainable, guard: Interrupts) -> tuple[list, list, int | None]:
+    """The stages' Tune runs in order, each with its repair run where results were damaged, and
+    after the last select stage the confirm stage of its winners: (ran, repaired, the signal
+    that stopped them or None). A pretraining that did not complete ends the sweep's stages."""
+    stages, ran, repaired = list(plan.stages), [], []
+    stopped = None
+    while len(ran) < len(stages):
+        stage = stages[len(ran)]
+        tuner = _tuner(plan, stage, trainable)
+        with guard.tune():
+            pause_for_tests(f"fit {stage.name}")  # test hook: the stage's Tuner exists (tuner.pkl), Tune not run
+            ran.append((stage, tuner.fit()))
+            repair = damage.repair_stage(plan.folder, stage, ran[-1][1])
+            if repair is not None and guard.signum is None:
+                repaired.append((repair, _tuner(plan, repair, trainable).fit()))
+        stopped = guard.signum
+        if stopped is not None:
+            break
+        if stage.kind == "pretrain" and not all_completed(ran[-1][1]):
+            print(f"[sweep] {stage.name}: not every pretraining completed (see trials.parquet); the next stage "
+                  f"starts from their models and does not run without them", flush=True)
+            break
+        if len(ran) == len(stages) and plan.spec.selects and stage.kind != "confirm":
+            for group in without_winner(ran):
+                print(f"[sweep] {group}: no configuration reached its last round without diverging on the search "
+                      f"seed, so none is confirmed (trials.parquet: status, diverged_why)", flush=True)
+            confirm = confirm_stage(plan.spec, list(winners(ran).values()))
+            if confirm is not None:
+                stages.append(confirm)
+    return ran, repaired, stopped
 
 
 def all_completed(grid) -> bool:

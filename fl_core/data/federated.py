@@ -149,18 +149,7 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
             dir_alpha=dir_alpha, samples_per_client=samples_per_client,
             test_samples_per_client=test_samples_per_client, min_samples=min_samples)
 
-    clients, train_idx, val_idx = [], [], []
-    for k, split in enumerate(splits):
-        train, val = split.train, split.train[:0]
-        if val_fraction > 0:
-            keep, held = split_validation(len(split.train), val_fraction, seed, k)
-            train, val = split.train[keep], split.train[held]
-        train_idx.append(train)
-        val_idx.append(val)
-        tr, va, te = torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(split.test)
-        # Advanced indexing copies, so every client owns contiguous tensors.
-        clients.append(ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te],
-                                  data.x_train[va], data.y_train[va]))
+    clients, train_idx, val_idx = client_tensors(data, splits, val_fraction, seed)
 
     def hist(y, indices):
         return np.stack([np.bincount(y[i], minlength=data.num_classes) for i in indices]).astype(np.int64)
@@ -176,6 +165,24 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
     return FederatedData(clients, data.num_classes, data.input_shape, hist(y_train, train_idx),
                          hist(y_test, [s.test for s in splits]), hist(y_train, val_idx), data.domains, domain_hist,
                          unseen)
+
+
+def client_tensors(data, splits, val_fraction: float, seed: int) -> tuple[list[ClientData], list, list]:
+    """Each client's tensors (its validation split cut from its training indices when
+    `val_fraction` > 0, `split_validation`), with the train and validation indices per client."""
+    clients, train_idx, val_idx = [], [], []
+    for k, split in enumerate(splits):
+        train, val = split.train, split.train[:0]
+        if val_fraction > 0:
+            keep, held = split_validation(len(split.train), val_fraction, seed, k)
+            train, val = split.train[keep], split.train[held]
+        train_idx.append(train)
+        val_idx.append(val)
+        tr, va, te = torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(split.test)
+        # Advanced indexing copies, so every client owns contiguous tensors.
+        clients.append(ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te],
+                                  data.x_train[va], data.y_train[va]))
+    return clients, train_idx, val_idx
 
 
 def held_out(client_domains: list[str | None], unseen_clients: int, unseen_domains: str, seed: int) -> tuple[int, ...]:
