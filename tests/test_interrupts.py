@@ -27,7 +27,7 @@ from sweeps.asha import rungs_path
 from sweeps.fedselect_grid import STUDY
 from sweeps.folder import SWEEP_FORMAT, sweep_folder
 from sweeps.interrupts import Interrupted, Interrupts, exit_code
-from sweeps.launch import restore_quietly
+from sweeps.tune_record import restore_quietly
 from sweeps.parquet_sink import read_rounds
 from sweeps.study import build_parser, plan_sweep, run_study
 from sweeps.trials import trials_table
@@ -480,7 +480,7 @@ def test_sigint_once_a_stages_tuner_exists_before_tune_ran_then_resume_starts_it
 
 def test_a_tune_record_of_no_trial_is_not_restored(tmp_path):
     """`names_a_trial`: Tune's newest experiment state (the one its restore reads) must name a trial."""
-    from sweeps.launch import names_a_trial
+    from sweeps.tune_record import names_a_trial
 
     record = tmp_path / "tune"
     record.mkdir()

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.common import chosen_trials
 from analysis.tables import methods_table
-from sweeps.launch import best_per_setting
+from sweeps.summary import best_per_setting
 
 
 def grid(val: bool, rng=np.random.default_rng(0)) -> pd.DataFrame:
@@ -49,7 +49,7 @@ def test_with_a_split_the_best_validation_accuracy_is_chosen_and_the_table_says_
     assert chosen_p(trials) == {0.1}
     assert chosen_p(trials.assign(acc_val_mean=np.where(trials["pers_rate"] == 0.5, 0.99, trials["acc_val_mean"]))) \
         == {0.5}
-    summary = best_per_setting(trials, ["pers_rate"], "acc_val_mean").set_index("method")
+    summary = best_per_setting(trials, ["pers_rate"]).set_index("method")
     assert summary.loc["FedSelect", "pers_rate"] == 0.1
     caption = methods_table(trials).full_caption()
     assert ("FedSelect in every data setting: at p = 0.1, chosen among its 2 configurations as the best mean "

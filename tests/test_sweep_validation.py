@@ -170,7 +170,7 @@ def test_launch_does_not_import_study():
 
 
 def test_end_of_sweep_summary_gives_each_methods_chosen_configuration_per_setting_over_its_seeds():
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
     done = pd.DataFrame({
         "setting": ["easy"] * 6 + ["hard"] * 3,
         "method": ["FedSelect", "FedSelect", "FedAvg", "FedAvg", "FedSelect", "FedSelect", "FedSelect", "FedSelect",
@@ -224,13 +224,13 @@ def test_every_visible_flag_says_its_default(study):
 
 def test_the_printed_mlflow_command_is_this_environments():
     from pathlib import Path
-    from sweeps.launch import mlflow_command
+    from sweeps.summary import mlflow_command
     beside = Path(sys.executable).parent / "mlflow"
     assert mlflow_command() == (str(beside) if beside.exists() else "mlflow")
 
 
 def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
     done = pd.DataFrame({"setting": ["easy"] * 4, "method": ["FedSelect", "FedSelect", "FedAvg", "FedAvg"],
                          "local_epochs": [1, 2, 1, 2], "seed": 0, "acc_mean": [0.6, 0.9, 0.5, 0.8], "mb_total": 1.0})
     best = best_per_setting(done, ["local_epochs"])
