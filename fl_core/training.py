@@ -133,6 +133,10 @@ class Proximal:
 
 
 Correction = ClipGradNorm | ShiftGradient | WeightDecay | Proximal
+# A second model's update on the pass's batches (APFL's v, pFedMe's θ̃): called with the model as
+# the pass holds it (its parameters before this batch's step) and the batch, before the pass's
+# own forward; it keeps its model itself.
+BatchStep = Callable[[nn.Module, Tensor, Tensor], None]
 
 
 def clipped(max_norm: float | None) -> list[Correction]:
@@ -259,7 +263,8 @@ class LocalTrainer:
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
                    loss_fn: LossFn = cross_entropy, corrections: Sequence[Correction] = (),
                    lr: float | None = None, momentum: float | None = None, inplace: bool = False,
-                   velocity: dict[str, Tensor] | None = None) -> tuple[State, Tensor, int]:
+                   velocity: dict[str, Tensor] | None = None,
+                   batch_steps: Sequence[BatchStep] = ()) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
@@ -267,7 +272,8 @@ class LocalTrainer:
         as the model's) and returns a new dict of them: for a caller that drops the old state
         anyway, it saves a model-sized allocation and copy per pass, with the same numbers.
         `corrections` change the gradient before the step (`ClipGradNorm`, `ShiftGradient`,
-        `Proximal`; applied in their fixed order with the settings' weight decay). `lr` and
+        `Proximal`; applied in their fixed order with the settings' weight decay); `batch_steps`
+        update a second model on each batch before the pass's own step (`BatchStep`). `lr` and
         `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning); the
         momentum buffer starts at zero in every pass, unless `velocity` is given: a dict of
         buffers by parameter name that the pass continues from and leaves updated (missing names
@@ -294,6 +300,8 @@ class LocalTrainer:
                 velocity = self._velocity(velocity, momentum, names, trained)
                 for start in range(0, x.shape[0], self.sgd.batch_size):
                     idx = order[start:start + self.sgd.batch_size]
+                    for step in batch_steps:
+                        step(model, x[idx], y[idx])
                     loss = loss_fn(model, x[idx], y[idx])
                     loss.backward()
                     with torch.no_grad():
