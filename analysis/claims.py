@@ -428,9 +428,9 @@ def kind_text(claim: Claim) -> str:
             LESS_MB: "less traffic"}[claim.kind]
 
 
-COLUMNS = ("paper", "source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours", "difference", "seeds", "test",
-           "holm_p", "verdict", "note", "kind", "margin", "mean", "sd", "p_claim", "p_opposite", "p_equivalence",
-           "selection")
+COLUMNS = ("paper", "source", "claim", "type", "paper_number", "study", "setting", "scale", "differs", "ours",
+           "difference", "seeds", "test", "holm_p", "verdict", "note", "kind", "margin", "mean", "sd", "p_claim",
+           "p_opposite", "p_equivalence", "selection")
 
 
 def check_claims(paths=(), claims=CLAIMS) -> pd.DataFrame:
@@ -484,7 +484,8 @@ def verdict_of(row: pd.Series) -> dict:
     against = kind in (EQUIVALENCE, BEST) or row["mean"] < 0
     if against and row["holm_p_opposite"] < alpha:
         test = {BEST: "two-sided paired t-tests, Bonferroni over the opponents",
-                EQUIVALENCE: f"t-test of a difference beyond ±{100 * row['margin']:g} pp"}.get(kind, "two-sided paired t-test")
+                EQUIVALENCE: f"t-test of a difference beyond ±{100 * row['margin']:g} pp"
+                }.get(kind, "two-sided paired t-test")
         return {"verdict": OPPOSITE, "holm_p": row["holm_p_opposite"], "test": f"{test}; {family}"}
     if kind == SUPERIORITY and row["holm_p_opposite"] >= alpha and row["holm_p_equivalence"] < alpha:
         margin = f"±{100 * row['margin']:g} pp"

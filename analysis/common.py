@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import ALGORITHMS
-from fl_core.config import COMMON_KNOBS, NON_SEMANTIC, knob_owners
+from fl_core.config import ALGORITHMS, COMMON_KNOBS, NON_SEMANTIC, knob_owners
 from fl_core.results import KNOB_SYMBOLS, across_seeds, summarize_trial
 
 from .load import labelled
@@ -62,7 +61,7 @@ def settings_order(trials: pd.DataFrame) -> list[str]:
 
 
 def methods_order(trials: pd.DataFrame) -> list[str]:
-    """Method labels in the registry's order of their algorithms (fl_core.algorithms.ALGORITHMS),
+    """Method labels in the registry's order of their algorithms (the values `algorithm` may take),
     then alphabetically (FedSelect before its ablations)."""
     rank = {name: i for i, name in enumerate(ALGORITHMS)}
     pairs = trials[["method", "algorithm"]].drop_duplicates()
@@ -99,8 +98,8 @@ def chosen_row(rows: pd.DataFrame):
     done = rows[~unfinished_trials(rows) & rows[objective].notna()]
     if not len(done):
         return None
-    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done else ["_neg"],
-                                                          kind="stable")
+    order = done.assign(_neg=-done[objective]).sort_values(["_neg", "config_hash"] if "config_hash" in done
+                                                          else ["_neg"], kind="stable")
     return order.index[0]
 
 
@@ -230,8 +229,8 @@ def chosen_key(cell: pd.DataFrame, knobs: list[str]) -> str:
 def knob_text(knobs: list[str], values: tuple) -> str:
     """`p = 0.53, α = 0.359`: numbers to 3 significant digits (a search's draws carry six)."""
     names = KNOB_SYMBOLS | {"local_epochs": "local epochs"}
-    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number)) else f"{names.get(k, k)} = {v}"
-                     for k, v in zip(knobs, values))
+    return ", ".join(f"{names.get(k, k)} = {v:.3g}" if isinstance(v, (int, float, np.number))
+                     else f"{names.get(k, k)} = {v}" for k, v in zip(knobs, values))
 
 
 def chosen_labels(trials: pd.DataFrame, chosen: pd.DataFrame | None = None) -> dict[tuple[str, str], str]:
@@ -256,7 +255,8 @@ def method_curves(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     picked = chosen_trials(trials)
     labels = chosen_labels(trials, picked)
     chosen = picked[["config_hash", "setting", "method"]]
-    curves = trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))]).merge(chosen, on="config_hash")
+    curves = (trial_curves(rounds[rounds["config_hash"].isin(set(chosen["config_hash"]))])
+              .merge(chosen, on="config_hash"))
     rows = []
     for (setting, method, rnd), group in curves.groupby(["setting", "method", "round"], sort=True):
         row = {"setting": setting, "method": method, "round": rnd, "label": labels[(setting, method)]}

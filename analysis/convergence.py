@@ -15,7 +15,8 @@ table (`fl_core.results.across_seeds`).
 
 Writes `<out>/convergence.tex` (and `.md` with --markdown; default out: RESULTS[0]/tables) and
 prints the table; `python -m analysis.tables` writes it too (`--table convergence`, and with `auto`
-whenever a configuration ran on two or more seeds). The curves themselves are figures/accuracy_vs_round.png (analysis.plots).
+whenever a configuration ran on two or more seeds). The curves themselves are
+figures/accuracy_vs_round.png (analysis.plots).
 """
 from __future__ import annotations
 

@@ -18,17 +18,18 @@ or with `--table fedl2p`):
   final round of every personalization trial of the row, averaged per seed (they share their
   seed's pretrained model), then mean ± std over seeds;
 - then FT (BN C), FT (BN G), FT (BN I), L2P, FedL2P and the ablations present (BNNet, LRNet with
-  β = 1 and β = 0, the IFT meta-gradient; FOMAML+ in sweeps made when IFT was the default): the personalized accuracy `acc`, the client mean at the final round
-  of the pool (the last round where it has an accuracy), mean ± std over seeds, in %. A method
-  that never ran has no column; a cell without a result is "--". A cell that differs significantly
-  from FT (BN C) in its row (the paper's fine-tuning baseline) is marked "▲"/"▼"; bold: the best
-  cell of each row (Global Acc excluded) and every one not significantly worse (analysis.stats: a
-  paired t-test over 5 or more common seeds, none below; per-client accuracies of the row's pool
-  give the descriptive interval of a difference over 2-4 seeds). A run that diverged
-  (`diverged` in trials.parquet) is left out of its cell's numbers and tests, the cell counting
-  it ("1 of 5 seeds diverged"), and is never bold. Where the study reports each run's round with
-  the best mean validation accuracy (`report_round` = "best_val"), the seen clients are scored at
-  that round (`reported_round`) instead of the final one, and the caption says so.
+  β = 1 and β = 0, the IFT meta-gradient; FOMAML+ in sweeps made when IFT was the default): the
+  personalized accuracy `acc`, the client mean at the final round of the pool (the last round where
+  it has an accuracy), mean ± std over seeds, in %. A method that never ran has no column; a cell
+  without a result is "--". A cell that differs significantly from FT (BN C) in its row (the paper's
+  fine-tuning baseline) is marked "▲"/"▼"; bold: the best cell of each row (Global Acc excluded) and
+  every one not significantly worse (analysis.stats: a paired t-test over 5 or more common seeds,
+  none below; per-client accuracies of the row's pool give the descriptive interval of a difference
+  over 2-4 seeds). A run that diverged (`diverged` in trials.parquet) is left out of its cell's
+  numbers and tests, the cell counting it ("1 of 5 seeds diverged"), and is never bold. Where the
+  study reports each run's round with the best mean validation accuracy (`report_round` =
+  "best_val"), the seen clients are scored at that round (`reported_round`) instead of the final
+  one, and the caption says so.
 `tables/fedl2p_policy.tex`: per row of FedL2P, its ablations and L2P (seen clients): the learned
 policy at the final round (mean β, share of tensors at rate 0, mean η), the hypergradient time per
 client and round, and λ's traffic per client and round (up + down; L2P sends nothing).

@@ -18,9 +18,9 @@ per layer, and how far apart the clients' policies are.
 
 The trials shown, per data setting: FedL2P (else the first other FedL2P label, else L2P) at the
 configuration of table fedl2p (analysis.fedl2p.study_trials), at the (pretraining, rounds, e) of
-the best mean validation accuracy where there is a split, else the first of them (`first_of`). A panel without two clients with different
-policies shows a note instead of a matrix (and prints it); a figure without any panel to draw is
-skipped with a printed note.
+the best mean validation accuracy where there is a split, else the first of them (`first_of`). A
+panel without two clients with different policies shows a note instead of a matrix (and prints it);
+a figure without any panel to draw is skipped with a printed note.
 """
 from __future__ import annotations
 
@@ -192,11 +192,16 @@ def _matrix(ax, matrix: np.ndarray, labels, title: str, diverging: bool, axis_na
     if diverging:
         limit = max(float(np.abs(finite).max()) if finite.size else 0.0, 1e-12)
         image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
-        dark = lambda v: abs(v) > 0.6 * limit
+
+        def dark(v):
+            return abs(v) > 0.6 * limit
     else:
         top = float(finite.max()) if finite.size else 0.0
         image = ax.imshow(matrix, cmap="viridis", vmin=0)
-        dark = lambda v: v < 0.6 * top
+
+        def dark(v):
+            return v < 0.6 * top
+
     ax.set_xticks(range(len(labels)), labels, rotation=90 if len(labels) > 6 else 0, fontsize=7)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.set(xlabel=axis_name, ylabel=axis_name)

@@ -12,19 +12,14 @@ config hashes are the old ones (the hash changed with engine v2), consistent wit
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import params_class
-from fl_core.config import NON_SEMANTIC, RunConfig
-from fl_core.knobs import base_type, knob_fields
-from fl_core.results import add_labels, trial_row
-from fl_core.result_files import DamagedFile, read_files, read_rounds  # noqa: F401 (DamagedFile: for the CLIs)
+from fl_core.results import add_labels
+from fl_core.result_files import DamagedFile, read_files, read_rounds, trials_from_rounds  # noqa: F401 (DamagedFile: for the CLIs)
 
 PathLike = str | Path
 
@@ -145,44 +140,6 @@ def reported_rounds(trials: pd.DataFrame) -> dict[str, int]:
         return {}
     best = trials[report_rules(trials).ne("last") & trials["reported_round"].notna()]
     return {h: int(r) for h, r in zip(best["config_hash"], best["reported_round"])}
-
-
-def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.DataFrame:
-    """Trial rows (`fl_core.results.trial_row`) rebuilt from round rows; each keeps the hash and
-    version its rows carry."""
-    rows = []
-    for key, group in rounds.groupby("config_hash", sort=True):
-        first = group.iloc[0]
-        kept = {k: first[k] for k in ("config_hash", "version", "sweep") if k in group}
-        rows.append(trial_row(row_config(first), group, status=status) | kept)
-    return pd.DataFrame(rows)
-
-
-def row_config(row: Mapping[str, Any]) -> RunConfig:
-    """The RunConfig of a result row: its common knobs and its own method's knobs (a row of
-    engine v1 carries every method's knobs; the others are left out). Empty cells take the
-    knob's default."""
-    own = params_class(row["algorithm"])
-    values = {}
-    for cls in (RunConfig, own):
-        for f in knob_fields(cls):
-            if f.name not in row or f.name in NON_SEMANTIC:
-                continue
-            value = _plain(row[f.name])
-            if value is None and f.default is not None:
-                continue  # a column another method or sweep wrote; not this row's
-            if base_type(cls, f)[0] is int and isinstance(value, float) and value.is_integer():
-                value = int(value)  # an int column that held NaN for other rows was read as float
-            values[f.name] = value
-    return RunConfig.from_dict(values)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return value
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return None
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def load_clients(paths) -> pd.DataFrame:

@@ -14,10 +14,11 @@ Writes each figure as PNG and PDF and prints the paths:
 
 Where a method was run with several configurations in a setting, the curves show the one the tables
 show (`analysis.common.chosen_trials`: the best mean validation accuracy where there is a
-validation split, else the declared configuration; never test accuracy). Per-round numbers are `fl_core.results.summarize_trial`
-of each shown trial; bands over seeds are `fl_core.results.across_seeds`; rounds that were not
-evaluated (`eval_every`) have no accuracy point. Labels are the rows' `method` and `setting`
-columns. A figure the results do not support is skipped with a printed note.
+validation split, else the declared configuration; never test accuracy). Per-round numbers are
+`fl_core.results.summarize_trial` of each shown trial; bands over seeds are
+`fl_core.results.across_seeds`; rounds that were not evaluated (`eval_every`) have no accuracy
+point. Labels are the rows' `method` and `setting` columns. A figure the results do not support is
+skipped with a printed note.
 """
 from __future__ import annotations
 

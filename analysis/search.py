@@ -10,8 +10,9 @@ seed and counted its select run as that seed's); `objective` names
 the metric the selection maximised ("acc_val_mean"; "acc_mean" without a validation split).
 A cell is a data setting, with its local epochs where they vary outside the selection stage (a
 study axis, not a searched knob). The chosen configuration is the COMPLETED select trial with the
-highest objective (ties: the smaller config hash), as the sweep flags it (`selected`). It and the anchors stand side by side only over the
-same seeds at the same final round; a value that does not carries analysis.render's dagger.
+highest objective (ties: the smaller config hash), as the sweep flags it (`selected`). It and the
+anchors stand side by side only over the same seeds at the same final round; a value that does not
+carries analysis.render's dagger.
 """
 from __future__ import annotations
 

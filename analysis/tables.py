@@ -60,7 +60,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fl_core.algorithms import get_algorithm, is_algorithm
 
 from .common import (TableError, counted, final_rows, knob_text, methods_order, selection_rows, settings_order,
                      tuning_note)
@@ -100,16 +99,14 @@ def _at(trials: pd.DataFrame, knobs: list[str], values: tuple) -> pd.DataFrame:
 
 def _evaluated_note(trials: pd.DataFrame) -> str:
     """Which model each method's accuracy measures (one training can be reported at two points:
-    FedSelect at p = 0 after local training, FedAvg after the broadcast)."""
-    algorithm_of = dict(zip(trials["method"], trials["algorithm"]))
+    FedSelect at p = 0 after local training, FedAvg after the broadcast): the rows' `evaluated_model`."""
+    if "evaluated_model" not in trials:
+        return ""
+    point_of = dict(zip(trials["method"], trials["evaluated_model"]))
     by_point: dict[str, list[str]] = {}
     for method in methods_order(trials):
-        try:  # an external method that does not import here is left out of the note
-            point = get_algorithm(algorithm_of[method]).evaluated_model() if is_algorithm(algorithm_of[method]) else None
-        except KeyError:
-            point = None
-        if point is not None:
-            by_point.setdefault(point, []).append(method)
+        if isinstance(point_of.get(method), str):  # empty for an external method that did not import here
+            by_point.setdefault(point_of[method], []).append(method)
     if not by_point:
         return ""
     parts = [f"{', '.join(methods)}: {point}" for point, methods in by_point.items()]

@@ -6,7 +6,8 @@ exchanges with its neighbours. This module measures that load from the round row
 against accuracy:
 - `busiest_node_mb`: per (trial, round), the busiest node's cumulative MB (the definition).
 - figure `accuracy_vs_busiest_traffic`: mean accuracy over clients against that load, one line per
-  method, one panel per data setting (mean over seeds, each method at the configuration the tables show: analysis.common.chosen_trials).
+  method, one panel per data setting (mean over seeds, each method at the configuration the tables
+  show: analysis.common.chosen_trials).
 - figure `mask_hamming` (the DisPFL paper's Fig. 6): for the best DisPFL trial with masks, the
   clients' label similarity next to the normalised Hamming distance of their final masks.
 - table `traffic` (`tables/traffic.tex`): per method and data setting, the final accuracy and the
@@ -18,7 +19,6 @@ against accuracy:
 """
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
 import matplotlib
@@ -29,28 +29,32 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_clients, load_masks, load_rounds, reported_rounds, unfinished
-from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves, methods_order,
-                             selection_phrase, settings_order)
+from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves,
+                             methods_order, selection_phrase, settings_order)
 from analysis.figures import heatmap, method_colors, save_figure
 from analysis.render import MISSING, accuracy_words, latex_label, summarize, unfinished_note, write_grouped_table
 from analysis.stats import load_final_accuracies
-from fl_core.algorithms import get_algorithm
 from fl_core.results import MB, across_seeds
 
 REFERENCE = ("D-PSGD",)
 BUSIEST = "the server for methods with one (it carries every client's traffic), else the most loaded client"
 
 
-@cache
-def has_server(algorithm: str) -> bool:
-    return get_algorithm(algorithm).has_server()
+def method_fact(rows: pd.DataFrame, fact: str) -> pd.Series:
+    """Per row, the boolean method fact `fact` ("has_server", "communicates") its files carry
+    (fl_core.algorithms.METHOD_FACTS); a TableError naming the methods whose rows lack it (an
+    external method that does not import where the results are read)."""
+    values = rows[fact] if fact in rows else pd.Series(None, index=rows.index, dtype=object)
+    if values.isna().any():
+        unknown = sorted(map(str, rows.loc[values.isna(), "algorithm"].unique()))
+        raise TableError(f"the results do not say whether {', '.join(unknown)} {fact.replace('_', ' a ')} "
+                         f"(rows without `{fact}`; make the method importable here to read it from its class)")
+    return values.astype(bool)
 
 
-@cache
-def serverless_communicating(algorithm: str) -> bool:
-    """Whether a method exchanges models without a server (DisPFL, D-PSGD; not Local)."""
-    cls = get_algorithm(algorithm)
-    return cls.communicates and not cls.has_server()
+def serverless_communicating(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its method exchanges models without a server (DisPFL, D-PSGD; not Local)."""
+    return method_fact(rows, "communicates") & ~method_fact(rows, "has_server")
 
 
 # ---------------------------------------------------------------- computations (pure)
@@ -59,7 +63,7 @@ def busiest_node_mb(rounds: pd.DataFrame) -> pd.DataFrame:
     """Cumulative traffic of each trial's busiest node, in MB (1e6 bytes), per round.
 
     A client's bytes in round s are its `bytes_up + bytes_down`. For a method with a server
-    (`has_server()`) the busiest node is the server, which carries every client's traffic: its load
+    (its rows' `has_server`) the busiest node is the server, which carries every client's traffic: its load
     at round t is the sum over rounds s <= t and over all clients k of bytes[k, s]. Otherwise (a
     server-less method, or Local) it is the client with the largest cumulative load,
     max over k of (sum over s <= t of bytes[k, s]) -- not the sum of per-round maxima.
@@ -67,9 +71,9 @@ def busiest_node_mb(rounds: pd.DataFrame) -> pd.DataFrame:
     sent = (rounds["bytes_up"].astype(float) + rounds["bytes_down"].astype(float)).fillna(0.0)
     per_client = sent.groupby([rounds["config_hash"], rounds["round"], rounds["client"]]).sum()
     cumulative = per_client.unstack("client", fill_value=0.0).groupby(level="config_hash").cumsum()
-    algorithm = rounds.groupby("config_hash")["algorithm"].first()
+    server_of = method_fact(rounds, "has_server").groupby(rounds["config_hash"]).first()
     hashes = cumulative.index.get_level_values("config_hash")
-    server = hashes.map(algorithm).map(has_server).to_numpy(dtype=bool)
+    server = hashes.map(server_of).to_numpy(dtype=bool)
     load = np.where(server, cumulative.sum(axis=1), cumulative.max(axis=1)) / MB
     return pd.DataFrame({"config_hash": hashes, "round": cumulative.index.get_level_values("round"),
                          "busiest_node_mb": load})
@@ -176,7 +180,7 @@ def build_traffic_outputs(sweeps, trials: pd.DataFrame, out_dir, masks: pd.DataF
     `masks`: `load_masks(sweeps)` if already read."""
     out, written = Path(out_dir), []
     known = not trials.empty and {"acc_mean", "algorithm"} <= set(trials.columns)
-    if not known or not trials["algorithm"].map(serverless_communicating).any():
+    if not known or not serverless_communicating(trials).any():
         print("skipping accuracy vs busiest-node traffic: no server-less method that communicates (DisPFL, D-PSGD)")
     else:
         rounds = load_rounds(sweeps, trials=chosen_trials(trials)["config_hash"])
@@ -199,7 +203,7 @@ def traffic_wanted(trials: pd.DataFrame) -> bool:
     if trials.empty or not {"algorithm", "acc_mean"} <= set(trials.columns):
         return False
     trials = final_rows(trials)
-    wanted = trials["algorithm"].map(serverless_communicating) & trials["acc_mean"].notna() & ~unfinished(trials)
+    wanted = serverless_communicating(trials) & trials["acc_mean"].notna() & ~unfinished(trials)
     return bool(wanted.any())
 
 
@@ -234,11 +238,13 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
         marks[(setting, "Acc. (%)")] = bold[setting]
         cells[(setting, "Busiest node (MB)")] = [_mb_text(mb.get((m, setting), np.nan)) for m in methods]
     seeds = acc.usual_n
-    count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell" + ("" if acc.seeds_uniform() else " unless marked (n=k)")
+    count = (f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
+             + ("" if acc.seeds_uniform() else " unless marked (n=k)"))
     dropped = list(trials.loc[late].reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
     caption = (f"Accuracy and traffic of the busiest node. {accuracy_words(acc.reported)}, mean ± std over seeds "
-               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the "
-               f"run, mean over seeds; busiest node: {BUSIEST}. Each method at {selection_phrase(finished)} per data "
+               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest "
+               f"node over the run, mean over seeds; busiest node: {BUSIEST}. Each method at "
+               f"{selection_phrase(finished)} per data "
                f"setting; finished trials only; {MISSING} = no result. "
                + unfinished_note(dropped, dropped=True)).strip()
     return cells, marks, caption, verdict.summary("traffic")

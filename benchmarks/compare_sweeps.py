@@ -43,7 +43,8 @@ def differences(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, list[str], list[
         same = (left == right) | (left.isna() & right.isna())
         if not same.all():
             try:
-                gap = float(np.nanmax(np.abs(left[~same].astype(float).to_numpy() - right[~same].astype(float).to_numpy())))
+                gap = float(np.nanmax(np.abs(left[~same].astype(float).to_numpy()
+                                             - right[~same].astype(float).to_numpy())))
                 problems.append(f"{column}: {int((~same).sum())} rows differ, largest |difference| {gap:.3g}")
             except (TypeError, ValueError):
                 problems.append(f"{column}: {int((~same).sum())} rows differ")

@@ -105,7 +105,8 @@ def main() -> None:
     data = dict(dataset=args.dataset, data_root=args.data_root, partition="domain_dirichlet", dir_alpha=0.1,
                 num_clients=12, unseen_clients=2, samples_per_client=150, test_samples_per_client=200,
                 val_fraction=0.2, model="lenet_bn", seed=0, batch_size=32, checkpoint_dir=folder)
-    pre = RunConfig(algorithm="fedavg", rounds=args.pretraining_rounds, eval_every=args.pretraining_rounds, lr=0.05, momentum=0.9, **data)
+    pre = RunConfig(algorithm="fedavg", rounds=args.pretraining_rounds, eval_every=args.pretraining_rounds, lr=0.05,
+                    momentum=0.9, **data)
     sim = Simulation(pre)
     list(sim.run())
     save_model(pre, sim.model_name, sim.final_model())
@@ -141,7 +142,8 @@ def main() -> None:
             cells.append(f"{before:.3f} -> {after:.3f} ({after / before:.2f})")
         print(f"{k:>6} {top:>10.1f} {0.1 * top:>14.2f} {0.01 * top:>15.2f}  " + "  ".join(f"{c:>24}" for c in cells))
     print("mean ratio after / before: " + ", ".join(f"{n} {sum(r) / len(r):.3f}" for n, r in ratios.items()))
-    print("clients helped (ratio < 1): " + ", ".join(f"{n} {sum(x < 1 for x in r)}/{len(r)}" for n, r in ratios.items()))
+    print("clients helped (ratio < 1): "
+          + ", ".join(f"{n} {sum(x < 1 for x in r)}/{len(r)}" for n, r in ratios.items()))
     print("CPU seconds per client: " + ", ".join(f"{n} {t / len(seen):.1f}" for n, t in cpu.items()))
 
 

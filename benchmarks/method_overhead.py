@@ -193,7 +193,8 @@ def main() -> None:
     if args.markdown:
         print(f"\n{args.threads} thread(s), median of {args.repeats} rounds; limit = the round's traced forward and "
               "backward passes replayed in a tight loop\n")
-        print("| Model | Method | Round (s) | Limit (s) | Round / limit | CPU time ratio | Forwards | Repeated | Work outside the limit |")
+        print("| Model | Method | Round (s) | Limit (s) | Round / limit | CPU time ratio | Forwards | Repeated "
+              "| Work outside the limit |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['model']} | {r['method']} | {r['round_s']:.3f} | {r['limit_s']:.3f} | {r['ratio']:.2f} | "

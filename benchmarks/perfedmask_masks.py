@@ -5,8 +5,8 @@ study's instance (LeNet on 28x28 MNIST: 4 groups, 20 devices) and the authors' C
 PreResNet-18 layer groups (10 groups: stem conv, 8 residual blocks, final BN; the linear head
 excluded), all with budgets from the slim ratios "8-1" (first half of the devices psi = d_w/8,
 second half psi = d_w; fl_core.devices), PreResNet-18 at N = 20 (exact MILP under a time limit)
-and N = 100 (too large for the exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates, the default);
-`SCA-last` is the last iterate's rounding, the authors' rule (after budget repair).
+and N = 100 (too large for the exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates,
+the default); `SCA-last` is the last iterate's rounding, the authors' rule (after budget repair).
 
     .venv/bin/python benchmarks/perfedmask_masks.py                  # about a minute on 2 cores
     .venv/bin/python benchmarks/perfedmask_masks.py --large 0        # skip the N = 100 row
@@ -69,7 +69,8 @@ def main() -> None:
     cases = [(f"random small {i}", random_problem(rng, int(rng.integers(3, 6)), int(rng.integers(3, 5))))
              for i in range(args.small)]
     cases += [(f"random medium {i}", random_problem(rng, 8, 6)) for i in range(args.medium)]
-    for model, shape, sizes_n in (("lenet", (1, 28, 28), (args.mid,)), ("preresnet18", (3, 32, 32), (args.mid, args.large))):
+    for model, shape, sizes_n in (("lenet", (1, 28, 28), (args.mid,)),
+                                  ("preresnet18", (3, 32, 32), (args.mid, args.large))):
         names, sizes = model_groups(model, shape)
         d_w = int(sizes.sum())
         print(f"{model} {shape} groups, d_w = {d_w:,}: " + ", ".join(f"{n} {s:,}" for n, s in zip(names, sizes)))

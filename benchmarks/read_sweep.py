@@ -47,7 +47,8 @@ def trial_frame(config: RunConfig, rng: np.random.Generator, name: str, trial: i
     clients = [ClientRound(client=k, participated=True, acc_local=0.5, acc_global=0.5, acc=0.5, acc_val=float("nan"),
                            loss=1.0, n_train=100, n_val=0, n_test=20, personal_fraction=0.0, bytes_up=10_000,
                            bytes_down=10_000, seconds=0.01,
-                           metrics={"lottery_sparsity": 0.0, "lottery_val_acc": 0.5} if config.algorithm == "lotteryfl" else {})
+                           metrics=({"lottery_sparsity": 0.0, "lottery_val_acc": 0.5}
+                                    if config.algorithm == "lotteryfl" else {}))
                for k in range(config.num_clients)]
     one = pd.DataFrame(round_rows(RoundResult(round=1, clients=clients, seconds=0.1, lr=config.lr), config, "lenet",
                                   sweep=name, trial_id=f"trial_{trial:05d}"))
@@ -80,8 +81,8 @@ def write_sweep(folder: Path, trials: int, rounds: int, clients: int, unfinished
                 journal_keys.append((key, rows))
         written += len(rows)
         final = rows[rows["round"] == rows["round"].max()]
-        trial_rows.append(trial_row(config, final, sweep=folder.name, status="STOPPED" if i < unfinished else "COMPLETED",
-                                    wall_seconds=60.0))
+        trial_rows.append(trial_row(config, final, sweep=folder.name,
+                                    status="STOPPED" if i < unfinished else "COMPLETED", wall_seconds=60.0))
     write_parquet(pd.DataFrame(trial_rows), folder / "trials.parquet")
     # The same first `journal` finished trials in the one-file-per-round layout, in a folder of their own.
     old = folder.parent / f"{folder.name}-journal"

@@ -69,7 +69,8 @@ def main() -> None:
                   f"({row['phase_per_hour']:.0f} trials/hour); median trial {row['trial_seconds']:.1f} s", flush=True)
     one, two = rows
     print(f"\nsweeps/{opts.script}.py {' '.join(opts.args)}")
-    print("| concurrent trials | trials | wall (s) | trials / hour | trial phase (s) | trials / hour, trial phase | median trial (s) |")
+    print("| concurrent trials | trials | wall (s) | trials / hour | trial phase (s) | trials / hour, trial phase "
+          "| median trial (s) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['concurrent']} | {r['trials']} | {r['wall']:.0f} | {r['per_hour']:.0f} | {r['phase']:.0f} | "

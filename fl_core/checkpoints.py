@@ -101,7 +101,8 @@ def read_pretrained(config: RunConfig, model_name: str) -> dict[str, Any]:
         raise ConfigError(f"pretrained={key}: the checkpoint is a {payload['model']} and this run trains a "
                           f"{model_name}; pretrain the same model")
     ours = data_identity(config)
-    differ = [f"{k}={payload['data'].get(k)!r} there, {v!r} here" for k, v in ours.items() if payload["data"].get(k) != v]
+    differ = [f"{k}={payload['data'].get(k)!r} there, {v!r} here" for k, v in ours.items()
+              if payload["data"].get(k) != v]
     if differ:
         raise ConfigError(f"pretrained={key}: the checkpoint was trained on other data ({'; '.join(differ)}); "
                           f"pretrain on this run's data setting and seed")

@@ -15,20 +15,20 @@ one method, or a new method, never changes the hash of another method's runs.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, params_class
+from .algorithms import ALGORITHMS, get_algorithm, is_algorithm, is_external, method_facts, params_class
 from .data.catalog import DOMAINNET_CLASSES, OPTIONS, SOURCES, check_clients, check_options, parse_corruptions
-from .data.domain_partition import DOMAIN_PARTITIONS
 from .data.sources import DataError
 from .models import RUNNING_STATS_MODELS, WIDTH_MODELS
-from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, check_fields, did_you_mean, knob, knob_fields,
-                    normalise, search_spaces)
+from .knobs import (ConfigError, MethodParams, Space, add_knob_arguments, base_type, check_fields, did_you_mean, knob,
+                    knob_fields, normalise, search_spaces)
 
 # Part of every config hash. Raised when the same knobs start to give different results (a sweep
 # resumed across the change would otherwise mix two semantics under one hash). 3: issue 14 (the
@@ -48,7 +48,7 @@ MOMENTUM_SCOPES = ("epoch", "round")
 BN_STATS = ("global", "local")
 DEVICES = ("cpu", "cuda", "auto")
 
-__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS"]
+__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS", "config_from_row"]
 
 
 @dataclass(frozen=True, init=False)
@@ -58,14 +58,16 @@ class RunConfig:
     # ---- data (these knobs are the data spec: `data_spec()`)
     dataset: str = knob("digits", "dataset source (digits is bundled with scikit-learn: offline); mnist and fmnist "
                         "(Fashion-MNIST) read torchvision's layout under data_root; mnist_c/fmnist_c/digits_c: "
-                        "MNIST/Fashion-MNIST/digits under corruptions, one domain each (the offline feature-shift benchmark); "
-                        "the papers' cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet "
-                        "read their files under data_root (fl_core/data/catalog.py)", choices=DATASETS, data=True)
+                        "MNIST/Fashion-MNIST/digits under corruptions, one domain each (the offline feature-shift "
+                        "benchmark); the papers' cifar10c, office_caltech10, officehome, domainnet, cifar100, "
+                        "mini_imagenet read their files under data_root (fl_core/data/catalog.py)", choices=DATASETS,
+                        data=True)
     corruptions: str = knob("", "mnist_c, fmnist_c, digits_c, cifar10c: comma-separated corruption names, one "
                             "domain each (all but cifar10c also take clean); empty = the source's default "
                             "(mnist_c/fmnist_c/digits_c: "
                             "gaussian_noise,motion_blur,fog,contrast; cifar10c: FedL2P's ten)", data=True, added=True)
-    severity: int = knob(3, "mnist_c, fmnist_c, digits_c, cifar10c: corruption severity", low=1, high=5, data=True, added=True)
+    severity: int = knob(3, "mnist_c, fmnist_c, digits_c, cifar10c: corruption severity", low=1, high=5, data=True,
+                         added=True)
     image_size: int | None = knob(None, "cifar10c, office_caltech10, officehome, domainnet, cifar100, mini_imagenet: "
                                   "images resized to this side; none = 32 (mini_imagenet 84)", low=8, data=True,
                                   added=True)
@@ -82,8 +84,10 @@ class RunConfig:
                           "domain_partition.py)",
                           choices=PARTITIONS, data=True)
     shards_per_client: int = knob(2, "shards: distinct classes per client", low=1, data=True)
-    dir_alpha: float = knob(0.5, "dirichlet, dirichlet_class: concentration of the Dirichlet split (small = skewed)", low=0, low_open=True, data=True)
-    samples_per_client: int | None = knob(None, "cap on each client's training samples (the FedSelect paper uses 100); none = no cap", low=1, data=True)
+    dir_alpha: float = knob(0.5, "dirichlet, dirichlet_class: concentration of the Dirichlet split (small = skewed)",
+                            low=0, low_open=True, data=True)
+    samples_per_client: int | None = knob(None, "cap on each client's training samples (the FedSelect paper uses "
+                                          "100); none = no cap", low=1, data=True)
     test_samples_per_client: int | None = knob(None, "cap on each client's test samples; none = the largest size, "
                                                "proportional to the client's train size, at which every client's test "
                                                "set follows its train label mix", low=1, data=True)
@@ -92,12 +96,13 @@ class RunConfig:
     equal_domains: bool = knob(False, "domain, domain_dirichlet: first cut every domain's train set to the "
                                       "smallest domain's size (FedL2P)", data=True, added=True)
     unseen_clients: int = knob(0, "clients held out of training (a seeded sample): they never train or send, and after "
-                               "the last round each joins as a newcomer (receives the broadcast, runs the method's local "
-                               "update once) and is scored; results mark every client's pool seen/unseen (FedL2P)",
-                               low=0, data=True, added=True)
+                               "the last round each joins as a newcomer (receives the broadcast, runs the method's "
+                               "local update once) and is scored; results mark every client's pool seen/unseen "
+                               "(FedL2P)", low=0, data=True, added=True)
     unseen_domains: str = knob("", "comma-separated domains whose clients are all held out as unseen (a domain "
                                "partition; FedL2P's unseen domains)", data=True, added=True)
-    val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split (selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
+    val_fraction: float = knob(0.0, "share of each client's training samples held out as its validation split "
+                               "(selection, early stopping; never test data)", low=0, high=1, high_open=True, data=True)
     seed: int = knob(0, "seed of partition, initialisation, client sampling and batch order", data=True)
     # ---- model and schedule
     model: str = knob("auto", "model; auto = lenet for 8x8/28x28 inputs, cnn2 for 32x32", choices=MODELS)
@@ -114,20 +119,25 @@ class RunConfig:
                            "<checkpoint_dir>/<hash>.pt must exist and come from this run's data and model "
                            "(fl_core/checkpoints.py); empty = none", added=True)
     rounds: int = knob(20, "communication rounds", low=1)
-    participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)", low=0, low_open=True, high=1)
+    participation: float = knob(1.0, "share of clients taking part in each round (seeded sample; 1 = all)",
+                                low=0, low_open=True, high=1)
     eval_every: int = knob(1, "evaluate every k rounds (the last round always)", low=1)
     eval_models: str = knob("all", "which models an evaluated round scores: all = after local training (acc_local), "
                             "after the communication step (acc_global) and the method's acc; acc = only the model "
                             "reported as acc, one test pass per client as research scripts make (acc_local and "
                             "acc_global are NaN unless they are that model)", choices=EVAL_MODELS, added=True)
-    local_epochs: int = knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global pass)", low=1)
+    local_epochs: int = knob(1, "local epochs per round (FedSelect: LocalAlt epochs, each a personal and a global "
+                             "pass)", low=1)
     batch_size: int = knob(32, "local mini-batch size", low=1)
     lr: float = knob(0.1, "local SGD learning rate (of round 1 under a schedule)", low=0, low_open=True,
                      search=Space(0.01, 0.3, log=True, source="a decade below and 3x above 0.1, the rate FedSelect, "
                                   "DisPFL, PerFedMask and FedL2P's pretraining train at"))
-    lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
-    lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)", low=0, low_open=True, high=1)
-    lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once more, e.g. 50,75")
+    lr_schedule: str = knob("constant", "learning rate per round: constant; exp = lr * lr_decay^(t-1); multistep = "
+                            "times lr_decay at each of lr_milestones", choices=LR_SCHEDULES)
+    lr_decay: float = knob(1.0, "lr_schedule factor (exp: per round; multistep: per milestone)",
+                           low=0, low_open=True, high=1)
+    lr_milestones: str = knob("", "multistep: comma-separated rounds from which the lr is multiplied by lr_decay once "
+                              "more, e.g. 50,75")
     momentum: float = knob(0.0, "local SGD momentum (its buffer's lifetime: momentum_scope)", low=0, high=1,
                            high_open=True)
     momentum_scope: str = knob("epoch", "lifetime of the momentum buffer in a round's local epochs: epoch = it "
@@ -144,12 +154,16 @@ class RunConfig:
                                 "methods); none = the method's default: global for fedavg, fedavg_ft, fedbabu, "
                                 "fedprox, fednova, scaffold and moon, local for every other", choices=BN_STATS,
                                 added=True)
-    weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples", choices=WEIGHTINGS)
+    weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples",
+                          choices=WEIGHTINGS)
     # ---- where and how fast (not in the hash)
-    data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)", data=True, semantic=False)
-    download: bool = knob(False, "download mnist/fmnist/cifar10 (and the base set of mnist_c/fmnist_c) if missing (needs internet)", data=True, semantic=False)
+    data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)",
+                                 data=True, semantic=False)
+    download: bool = knob(False, "download mnist/fmnist/cifar10 (and the base set of mnist_c/fmnist_c) if missing "
+                          "(needs internet)", data=True, semantic=False)
     device: str = knob("cpu", "torch device for the run", choices=DEVICES, semantic=False)
-    threads: int | None = knob(None, "torch CPU threads (none = torch's default; a single run of python -m fl_core: 1 for the small CNNs)", low=1, semantic=False)
+    threads: int | None = knob(None, "torch CPU threads (none = torch's default; a single run of python -m fl_core: 1 "
+                               "for the small CNNs)", low=1, semantic=False)
     checkpoint_dir: str | None = knob(None, "folder of model checkpoints <config_hash>.pt: where `pretrained` is read "
                                       "from, and where `python -m fl_core` writes the run's final model when given; "
                                       "a sweep uses <sweep>/checkpoints (none = ./checkpoints)", semantic=False)
@@ -173,7 +187,8 @@ class RunConfig:
         elif values:
             raise ConfigError(f"give method knobs either in `method` or as keywords, not both ({', '.join(values)})")
         elif not isinstance(method, cls):
-            raise ConfigError(f"method={type(method).__name__} is not the parameter class of {self.algorithm} ({cls.__name__})")
+            raise ConfigError(f"method={type(method).__name__} is not the parameter class of {self.algorithm} "
+                              f"({cls.__name__})")
         object.__setattr__(self, "method", method)
         normalise(self)
         self._canonical_corruptions()
@@ -196,16 +211,17 @@ class RunConfig:
             raise ConfigError(str(err)) from None
         sampled_by = get_algorithm(self.algorithm).sampled_by
         if self.participation < 1 and sampled_by != "participation":
-            raise ConfigError(f"participation={self.participation:g}: {self.algorithm} has no server to sample clients; "
-                              f"its own knob `{sampled_by}` says which take part in a round (e.g. {sampled_by}=0.5)")
+            raise ConfigError(f"participation={self.participation:g}: {self.algorithm} has no server to sample "
+                              f"clients; its own knob `{sampled_by}` says which take part in a round (e.g. "
+                              f"{sampled_by}=0.5)")
         if self.lr_schedule == "multistep":
             if not self.lr_milestones.strip():
                 raise ConfigError("lr_schedule='multistep' needs lr_milestones, e.g. '50,75'")
         self.milestones()  # parses, or names the bad value
         self._check_bn_stats()
         if self.model_width != 1.0 and self.model not in WIDTH_MODELS:
-            raise ConfigError(f"model_width={self.model_width:g} needs a model with a width ({', '.join(WIDTH_MODELS)}), "
-                              f"not model={self.model!r}; set model too")
+            raise ConfigError(f"model_width={self.model_width:g} needs a model with a width "
+                              f"({', '.join(WIDTH_MODELS)}), not model={self.model!r}; set model too")
         if self.pretrained:
             if self.init_weights is not None:
                 raise ConfigError("give either pretrained (a pretraining run's config hash) or init_weights (a state "
@@ -243,7 +259,8 @@ class RunConfig:
         try:
             rounds = [int(part) for part in text.split(",")]
         except ValueError:
-            raise ConfigError(f"lr_milestones={self.lr_milestones!r} must be comma-separated round numbers, e.g. 50,75") from None
+            raise ConfigError(f"lr_milestones={self.lr_milestones!r} must be comma-separated round numbers, "
+                              f"e.g. 50,75") from None
         if any(r < 1 for r in rounds) or rounds != sorted(set(rounds)):
             raise ConfigError(f"lr_milestones={self.lr_milestones!r} must be increasing round numbers >= 1")
         return rounds
@@ -307,6 +324,41 @@ class RunConfig:
         """The method's display name (e.g. `FedSelect (layer B)`)."""
         from .algorithms import get_algorithm
         return self.method.label(get_algorithm(self.algorithm).display)
+
+    def method_facts(self) -> dict[str, Any]:
+        """What the results' readers need to know of the method (`fl_core.algorithms.METHOD_FACTS`)."""
+        return method_facts(self.algorithm)
+
+
+def config_from_row(row: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of a result row: its common knobs and its own method's knobs (a row of
+    engine v1 carries every method's knobs; the others are left out). Empty cells take the
+    knob's default."""
+    own = params_class(row["algorithm"])
+    values = {}
+    for cls in (RunConfig, own):
+        for f in knob_fields(cls):
+            if f.name not in row or f.name in NON_SEMANTIC:
+                continue
+            value = _plain(row[f.name])
+            if value is None and f.default is not None:
+                continue  # a column another method or sweep wrote; not this row's
+            if base_type(cls, f)[0] is int and isinstance(value, float) and value.is_integer():
+                value = int(value)  # an int column that held NaN for other rows was read as float
+            values[f.name] = value
+    return RunConfig.from_dict(values)
+
+
+def _plain(value: Any) -> Any:
+    """A Parquet cell as a plain Python value (None for an empty cell; arrays left as they are)."""
+    import numpy as np  # here, not at the top: listing the methods and knobs needs neither
+    import pandas as pd
+
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _own_knobs(algorithm: str, cls: type[MethodParams], values: dict[str, Any]) -> dict[str, Any]:

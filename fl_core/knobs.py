@@ -122,7 +122,8 @@ def check_fields(obj) -> None:
         if kind is float and not math.isfinite(value):
             raise ConfigError(f"{f.name}={value!r} must be a finite number")
         if meta.get("choices") and value not in meta["choices"] and not (meta.get("also") and meta["also"](value)):
-            raise ConfigError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(map(str, meta['choices']))}")
+            raise ConfigError(f"{f.name}={value!r} is not allowed; choose one of "
+                              f"{', '.join(map(str, meta['choices']))}")
         low, high = meta.get("low"), meta.get("high")
         if low is not None and (value <= low if meta.get("low_open") else value < low):
             raise ConfigError(f"{f.name}={value!r} is outside the allowed range {describe_range(meta)}")
@@ -238,8 +239,8 @@ class _HelpAction(argparse.Action):
 def _flag_line(action: argparse.Action, width: int = 118) -> str:
     """One line for a flag: its name, its help's first clause (cut to the width) and its default."""
     text = re.split(r"; one of |; in [\[(]| \(default: ", (action.help or "").replace("%%", "%"))[0].split(". ")[0]
-    default = "" if action.default in (argparse.SUPPRESS, None, False) or action.nargs == 0 else \
-        f" (default {action.default[0] if isinstance(action.default, list) and len(action.default) == 1 else action.default})"
+    shown = action.default[0] if isinstance(action.default, list) and len(action.default) == 1 else action.default
+    default = "" if action.default in (argparse.SUPPRESS, None, False) or action.nargs == 0 else f" (default {shown})"
     head = f"  {', '.join(action.option_strings):<30} "
     room = width - len(head) - len(default)
     return head + (text if len(text) <= room else text[:max(room - 1, 0)] + "…") + default

@@ -168,6 +168,47 @@ def _repair(problem: MaskProblem, m: np.ndarray) -> tuple[np.ndarray, int]:
     return m, dropped
 
 
+def _sca_program(problem: MaskProblem, penalty: float):
+    """The convex program one SCA iteration solves (see `solve_sca`), built once: (the cvxpy
+    problem, its variable M, its parameters M0, K0', S0', 1/2 K0'^2 + 1/2 S0'^2, sum M0^2 that
+    each iteration sets from the previous iterate)."""
+    import cvxpy as cp
+
+    N, J, d_w = problem.N, problem.J, problem.d_w
+    a, b, c = problem.group_sizes / d_w, problem.budgets / d_w, float(np.sqrt(N))
+    M, K = cp.Variable((N, J)), cp.Variable((N, J))
+    eps, t = cp.Variable(N, nonneg=True), cp.Variable(nonneg=True)
+    col = cp.Variable((1, J))               # column sums as a variable: keeps the cone matrix sparse
+    # previous iterate: M0, K0' = c*M0/S0, S0' = S0/c, 1/2 K0'^2 + 1/2 S0'^2, sum M0^2 (DPP parameters)
+    M0, K0, S0, half_sq = (cp.Parameter((N, J)) for _ in range(4))
+    m0_sq = cp.Parameter()
+    S = np.ones((N, 1)) @ col
+    vec = lambda x: cp.vec(x, order="C")    # noqa: E731
+    constraints = [
+        M >= 0, M <= 1, M @ a == b - eps, col == cp.sum(M, axis=0, keepdims=True),
+        cp.SOC(vec(K + S), cp.vstack([vec(2 * M), vec(K - S)]), axis=0),
+        0.5 * cp.square(c * K + S / c) - cp.multiply(K0, c * K) - cp.multiply(S0, S / c) + half_sq <= M,
+        cp.sum(M) - 2 * cp.sum(cp.multiply(M0, M)) + m0_sq <= t,
+    ]
+    objective = cp.sum(cp.max(K, axis=1)) - cp.sum(K @ a) + cp.sum(eps) + (penalty / d_w) * cp.square(t)
+    prob = cp.Problem(cp.Minimize(objective), constraints)
+    return prob, M, (M0, K0, S0, half_sq, m0_sq)
+
+
+def _solve(prob, M, solver: str) -> str | None:
+    """Solve one SCA iteration's program; None when it is solved ("optimal_inaccurate" accepted,
+    as the authors do), else why not."""
+    import cvxpy as cp
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            prob.solve(solver=solver)
+    except cp.error.SolverError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if prob.status in ("optimal", "optimal_inaccurate") and M.value is not None else f"status {prob.status}"
+
+
 def solve_sca(problem: MaskProblem, max_iter: int = 100, tol: float = 1e-3, penalty: float = 100.0,
               solver: str = "CLARABEL", tries: int = 1000, seed: int = 0, keep_best: bool = True) -> MaskSolution:
     """Successive convex approximation (SCA) of P^mask, as in the authors' `optMask`, from the greedy start.
@@ -191,28 +232,10 @@ def solve_sca(problem: MaskProblem, max_iter: int = 100, tol: float = 1e-3, pena
     point whose rounding is worse; keep_best=False uses the last iterate only, like the authors.
     The greedy start is returned when no rounding beats it (`fell_back` when the last was worse).
     """
-    import cvxpy as cp
-
     t0 = time.perf_counter()
     start = greedy_masks(problem, tries=tries, seed=seed)
-    N, J, d_w = problem.N, problem.J, problem.d_w
-    a, b, c = problem.group_sizes / d_w, problem.budgets / d_w, float(np.sqrt(N))
-    M, K = cp.Variable((N, J)), cp.Variable((N, J))
-    eps, t = cp.Variable(N, nonneg=True), cp.Variable(nonneg=True)
-    col = cp.Variable((1, J))               # column sums as a variable: keeps the cone matrix sparse
-    # previous iterate: M0, K0' = c*M0/S0, S0' = S0/c, 1/2 K0'^2 + 1/2 S0'^2, sum M0^2 (DPP parameters)
-    M0, K0, S0, half_sq = (cp.Parameter((N, J)) for _ in range(4))
-    m0_sq = cp.Parameter()
-    S = np.ones((N, 1)) @ col
-    vec = lambda x: cp.vec(x, order="C")    # noqa: E731
-    constraints = [
-        M >= 0, M <= 1, M @ a == b - eps, col == cp.sum(M, axis=0, keepdims=True),
-        cp.SOC(vec(K + S), cp.vstack([vec(2 * M), vec(K - S)]), axis=0),
-        0.5 * cp.square(c * K + S / c) - cp.multiply(K0, c * K) - cp.multiply(S0, S / c) + half_sq <= M,
-        cp.sum(M) - 2 * cp.sum(cp.multiply(M0, M)) + m0_sq <= t,
-    ]
-    objective = cp.sum(cp.max(K, axis=1)) - cp.sum(K @ a) + cp.sum(eps) + (penalty / d_w) * cp.square(t)
-    prob = cp.Problem(cp.Minimize(objective), constraints)
+    N, c = problem.N, float(np.sqrt(problem.N))
+    prob, M, (M0, K0, S0, half_sq, m0_sq) = _sca_program(problem, penalty)
 
     current = start.masks.astype(float)
     best, best_value, best_iter, best_dropped = start.masks.copy(), start.objective, 0, 0
@@ -224,14 +247,7 @@ def solve_sca(problem: MaskProblem, max_iter: int = 100, tol: float = 1e-3, pena
         M0.value, K0.value, S0.value = current, c * k_prev, counts / c
         half_sq.value = 0.5 * (c * k_prev) ** 2 + 0.5 * (counts / c) ** 2
         m0_sq.value = float(np.sum(current ** 2))
-        try:
-            with warnings.catch_warnings():   # "optimal_inaccurate" is accepted, as the authors do
-                warnings.simplefilter("ignore", UserWarning)
-                prob.solve(solver=solver)
-            failure = None if prob.status in ("optimal", "optimal_inaccurate") and M.value is not None \
-                else f"status {prob.status}"
-        except cp.error.SolverError as exc:
-            failure = f"{type(exc).__name__}: {exc}"
+        failure = _solve(prob, M, solver)
         if failure:
             notes = f"solver {solver} failed at iteration {it} ({failure}); kept the previous iterate"
             break

@@ -125,10 +125,11 @@ def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bo
 
     For float32 scores the cut-off is found by a two-level radix select on the scores' bit
     patterns (for non-negative floats, integer order is value order), a few linear passes
-    instead of `kthvalue`'s quickselect with an index array, and without float64 copies (|delta| of a float32 is exact, so ranking in float32 is ranking in
-    float64). `select_largest_reference` is the plain definition (it serves small tensors and
-    other dtypes); both give the same mask, except with NaN scores (diverged training), which
-    the radix path ranks highest and the reference never selects.
+    instead of `kthvalue`'s quickselect with an index array, and without float64 copies (|delta| of
+    a float32 is exact, so ranking in float32 is ranking in float64). `select_largest_reference` is
+    the plain definition (it serves small tensors and other dtypes); both give the same mask, except
+    with NaN scores (diverged training), which the radix path ranks highest and the reference never
+    selects.
     """
     flat_personal = personal.reshape(-1)
     free = flat_personal.numel() - count_nonzero(flat_personal)

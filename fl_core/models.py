@@ -51,7 +51,8 @@ _RESNET_BLOCKS = {"A": ("layer1.",), "B": ("layer2.",), "C": ("layer3.",), "D": 
 _MOBILENET_BLOCKS = {b: tuple(f"layers.{i}." for i in idx)
                      for b, idx in (("A", range(0, 3)), ("B", range(3, 5)), ("C", range(5, 11)), ("D", range(11, 13)))}
 BLOCKS = {"lenet": _SMALL_BLOCKS, "cnn2": _SMALL_BLOCKS, "resnet18_cifar": _RESNET_BLOCKS, "resnet18": _RESNET_BLOCKS,
-          "cnn_bn": _CNN_BN_BLOCKS, "lenet_bn": _CNN_BN_BLOCKS, "preresnet18": _RESNET_BLOCKS, "mobilenet_cifar": _MOBILENET_BLOCKS}
+          "cnn_bn": _CNN_BN_BLOCKS, "lenet_bn": _CNN_BN_BLOCKS, "preresnet18": _RESNET_BLOCKS,
+          "mobilenet_cifar": _MOBILENET_BLOCKS}
 
 
 # Layer groups (PerFedMask's Λ): the units a device trains or freezes whole, in forward order,

@@ -26,6 +26,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from .algorithms import METHOD_FACTS, method_facts
+from .config import config_from_row
+from .results import trial_row
+
 SORT_KEYS = ("config_hash", "round", "client")
 _NAME = re.compile(r"^(?P<hash>[^.][^-]*?)(?:-r(?P<round>\d+))?\.parquet$")
 
@@ -112,18 +116,30 @@ def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort
     (missing columns read as null; null-typed and narrower numeric columns are promoted), rows
     in file order. `columns`: only these (those present); `sort`: keys the rows must be sorted by
     (those present): checked, and sorted only if they are not (files written by this module,
-    listed by `round_sources`, already are)."""
+    listed by `round_sources`, already are). The method's facts (`METHOD_FACTS`) of rows written
+    before they were columns are filled in (`with_method_facts`)."""
+    if not files:
+        return pd.DataFrame()
+    facts = [f for f in METHOD_FACTS if columns is None or f in columns]
+    helper = ["algorithm"] if facts and columns is not None and "algorithm" not in columns else []
+    table = _read_table(files, None if columns is None else [*columns, *helper])
+    keys = [k for k in sort if k in table.column_names]
+    if keys and not is_sorted(table, keys):
+        table = table.sort_by([(k, "ascending") for k in keys])
+    frame = with_method_facts(table.to_pandas(), facts)
+    return frame.drop(columns=[c for c in helper if c in frame])
+
+
+def _read_table(files: Sequence[Path], columns: Sequence[str] | None):
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
 
-    if not files:
-        return pd.DataFrame()
     factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(f) for f in files], ds.ParquetFileFormat())
     try:
         schema = factory.inspect(promote_options="permissive", fragments=None).remove_metadata()
         dataset = factory.finish(schema)
         names = [c for c in columns if c in schema.names] if columns is not None else None
-        table = dataset.to_table(columns=names)
+        return dataset.to_table(columns=names)
     except FileNotFoundError:
         raise
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for damaged files and clashing columns
@@ -131,10 +147,30 @@ def read_files(files: Sequence[Path], columns: Sequence[str] | None = None, sort
         if damaged:
             raise DamagedFile(damaged) from None
         raise ValueError(f"the Parquet files under {Path(files[0]).parent} do not share one schema: {err}") from err
-    keys = [k for k in sort if k in table.column_names]
-    if keys and not is_sorted(table, keys):
-        table = table.sort_by([(k, "ascending") for k in keys])
-    return table.to_pandas()
+
+
+def with_method_facts(frame: pd.DataFrame, facts: Sequence[str] = METHOD_FACTS) -> pd.DataFrame:
+    """`frame` with the columns `facts` (of `METHOD_FACTS`) filled where a row lacks them (written
+    before they were columns) from its `algorithm`'s class; left empty for a method that does not
+    import here (an external one). Rows without `algorithm` are left as they are."""
+    if frame.empty or "algorithm" not in frame:
+        return frame
+    for fact in facts:
+        missing = frame[fact].isna() if fact in frame else pd.Series(True, index=frame.index)
+        if missing.any():
+            known = {name: _facts_of(name).get(fact) for name in frame.loc[missing, "algorithm"].dropna().unique()}
+            filled = frame.loc[missing, "algorithm"].map(known)
+            column = frame[fact].astype(object) if fact in frame else pd.Series(None, index=frame.index, dtype=object)
+            column[missing] = filled
+            frame[fact] = column.infer_objects() if column.notna().all() else column
+    return frame
+
+
+def _facts_of(algorithm: str) -> dict[str, object]:
+    try:
+        return method_facts(algorithm)
+    except KeyError:  # an external method that does not import here
+        return {}
 
 
 def is_sorted(table, keys: Sequence[str]) -> bool:
@@ -196,3 +232,14 @@ def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> p
     for column in trials.columns:
         rounds[column] = rounds["config_hash"].map(trials[column])
     return rounds
+
+
+def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.DataFrame:
+    """Trial rows (`fl_core.results.trial_row`) rebuilt from the round rows of a sweep without
+    trials.parquet (one that has not finished); each keeps the hash and version its rows carry."""
+    rows = []
+    for _, group in rounds.groupby("config_hash", sort=True):
+        first = group.iloc[0]
+        kept = {k: first[k] for k in ("config_hash", "version", "sweep") if k in group}
+        rows.append(trial_row(config_from_row(first), group, status=status) | kept)
+    return pd.DataFrame(rows)

@@ -4,7 +4,9 @@ Rows are built here and nowhere else (the CLI, the sweeps, the MLflow sink and `
 these functions), so they cannot disagree. Every row carries the run's config columns: the
 common knobs and the chosen method's own knobs only (never another method's), `config_hash`,
 `seed`, `version`, and two labels, `method` (e.g. `FedSelect (layer B)`) and `setting` (e.g.
-`digits, Dir(0.1)`), so readers need no name lists of their own.
+`digits, Dir(0.1)`), and the method's facts (`fl_core.algorithms.METHOD_FACTS`: which model its
+accuracy measures, whether it has a server, whether it communicates), so readers need no name
+lists of their own and never the method's code.
 
 Statistics (defined once, here):
 - over clients (one round of one trial): unweighted mean and population std (ddof = 0) over
@@ -30,11 +32,13 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
+from .algorithms import METHOD_FACTS
 
 MB = 1e6
 STANDARD_CLIENT_COLUMNS = frozenset({
     "round", "client", "participated", "acc_local", "acc_global", "acc", "acc_val", "acc_val_global", "loss",
-    "n_train", "n_val", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr", "pool"})
+    "n_train", "n_val", "n_test", "personal_fraction", "bytes_up", "bytes_down", "seconds", "round_seconds", "lr",
+    "pool"})
 SEED_DDOF = 1
 
 
@@ -78,7 +82,10 @@ def summarize(rows: pd.DataFrame, by: Sequence[str] = ("config_hash",)) -> pd.Da
     keys = [*by, "round"]
     up, down = rows["bytes_up"].astype(float), rows["bytes_down"].astype(float)
     seen = rows["pool"].ne("unseen") if "pool" in rows else pd.Series(True, index=rows.index)
-    only_seen = lambda column: rows[column].astype(float).where(seen)
+
+    def only_seen(column):
+        return rows[column].astype(float).where(seen)
+
     acc = only_seen("acc")
     weight = rows["n_test"].astype(float).where(acc.notna())
     frame = pd.DataFrame({k: rows[k] for k in keys}).assign(
@@ -242,7 +249,7 @@ def _missing(value: Any) -> bool:
 # ---------------------------------------------------------------------------- rows
 # Columns a caller may add to rows besides config and numbers (`round_rows(..., **context)`).
 ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", "model", "kernels", "cpu_isa"})
-CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key"})
+CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key", *METHOD_FACTS})
 
 
 def known_config_columns() -> frozenset[str]:
@@ -257,7 +264,7 @@ def config_columns(config) -> dict[str, Any]:
     cols = config.semantic_dict()
     cols |= {"config_hash": config.config_hash(), "version": __version__, "method": config.label(),
              "setting": setting_label(cols), "data_key": config.data_key()}
-    return cols
+    return cols | config.method_facts()
 
 
 def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any]]:
@@ -273,8 +280,9 @@ def round_rows(result, config, model: str, **context: Any) -> list[dict[str, Any
 def client_rows(data, config, **context: Any) -> list[dict[str, Any]]:
     """One row per client: its realised train, validation and test label histograms."""
     base = config_columns(config) | context
-    rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()), "n_val": int(data.val_hist[k].sum()),
-                    "n_test": int(data.test_hist[k].sum()), "train_label_hist": data.train_hist[k].tolist(),
+    rows = [base | {"client": k, "pool": data.pool(k), "n_train": int(data.train_hist[k].sum()),
+                    "n_val": int(data.val_hist[k].sum()), "n_test": int(data.test_hist[k].sum()),
+                    "train_label_hist": data.train_hist[k].tolist(),
                     "val_label_hist": data.val_hist[k].tolist(), "test_label_hist": data.test_hist[k].tolist()}
             for k in range(len(data.clients))]
     if getattr(data, "domain_hist", None) is not None:  # feature shift: the client's domain, its (domain, label) counts

@@ -5,12 +5,14 @@ locally (a participant that missed broadcasts first downloads the current model)
 server averages the participants and broadcasts to them, or, for server-less methods, every
 client averages with its neighbours; on evaluated rounds (`eval_every`, always the last) every
 client is scored (a client that missed broadcasts as it would start its next round), each
-distinct model once: the model after local training is scored again after the communication step
-only if that step changed it, and a personalized model that is the broadcast state is not scored
-a second time (`_Snapshot`); `eval_models = "acc"` scores only the model reported as `acc`.
-Traffic is counted per client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`)
-never take part; after the last round each joins as a newcomer and is scored (`_newcomer`), in
-rows marked `pool = "unseen"` that no seen-client mean includes.
+distinct model once (`_evaluate`): the model after local training is scored again after the
+communication step only if that step changed it (the step says whose models it changed: the
+participants its broadcast wrote into, `broadcasts_model`, or every client that mixed with
+neighbours), and a personalized model that is the very state just scored is not scored a second
+time; `eval_models = "acc"` scores only the model reported as `acc`. Traffic is counted per
+client, up and down separately. Unseen clients (`unseen_clients`, `unseen_domains`) never take
+part; after the last round each joins as a newcomer and is scored (`_newcomer`), in rows marked
+`pool = "unseen"` that no seen-client mean includes.
 
 The whole state (server model, every client's state and mask, rounds done) is a plain dict of
 tensors (`state_dict`), so a run can be checkpointed between rounds and restored; batch orders
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .algorithms import get_algorithm
-from .algorithms.base import ClientInfo, Traffic
+from .algorithms.base import ClientInfo
 from .checkpoints import torch_save_atomic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
@@ -103,6 +104,10 @@ class Simulation:
     """One federated run. `profiles` (optional) gives each client's capability profile (e.g.
     PerFedMask's budget), which the algorithm's `setup` sees with the clients' sizes."""
 
+    # False: score every model afresh, never reusing the scores of a model that did not change
+    # (the check that reusing them changes no number: tests/test_method_contract.py).
+    reuse_scores: bool = True
+
     def __init__(self, config: RunConfig, data: FederatedData | None = None,
                  profiles: list[dict[str, float]] | None = None) -> None:
         self.config = config
@@ -150,128 +155,155 @@ class Simulation:
             yield self.run_round()
 
     def run_round(self) -> RoundResult:
-        rnd = self.completed + 1
-        algo, clients, data = self.algorithm, self.clients, self.data.clients
-        n = len(clients)
+        """One round in three steps: the participants train (`_train`), the communication step
+        runs (`_communicate`, which says whose models it changed), and every client is scored on
+        evaluated rounds (`_client_round`; unseen clients: `_newcomer`)."""
         start = time.perf_counter()
+        plan = self._plan(self.completed + 1)
+        work = _Work.empty(len(self.clients))
+        self._train(plan, work)
+        changed = self._communicate(plan, work)
+        losses = dict(zip(work.losses, torch.stack(list(work.losses.values())).tolist())) if work.losses else {}
+        results = [self._newcomer(k, plan.rnd) if k in self.data.unseen
+                   else self._client_round(k, plan, work, k in changed, losses.get(k, NAN))
+                   for k in range(len(self.clients))]
+        self.completed = plan.rnd
+        return RoundResult(round=plan.rnd, clients=results, seconds=time.perf_counter() - start,
+                           evaluated=plan.evaluate, lr=self.config.lr_at(plan.rnd))
+
+    def _plan(self, rnd: int) -> "_Plan":
+        """Who takes part in round `rnd`, who averages with whom, and whether it is scored."""
+        algo = self.algorithm
         participants = algo.participants(rnd)
-        taking_part = set(participants)
-        evaluate = rnd % self.config.eval_every == 0 or rnd == self.config.rounds
-        seconds, up, down = [0.0] * n, [0] * n, [0] * n
-        losses, metrics, after_local = {}, {}, {}
         graph = algo.neighbours(rnd, participants) if algo.communicates else None  # asked once per round
-        server = algo.communicates and graph is None
-        only_acc = self.config.eval_models == "acc"  # score only the model reported as acc
-        score_local = not only_acc or algo.acc_from == "local"
-        for k in participants:
+        evaluate = rnd % self.config.eval_every == 0 or rnd == self.config.rounds
+        return _Plan(rnd, participants, graph, algo.communicates and graph is None, evaluate)
+
+    def _train(self, plan: "_Plan", work: "_Work") -> None:
+        """The participants' local updates (a participant that missed broadcasts first downloads
+        the current model), scored right after where the model after local training is reported."""
+        algo, rnd = self.algorithm, plan.rnd
+        for k in plan.participants:
             t0 = time.perf_counter()
-            client, d = clients[k], data[k]
-            if server and not self.synced[k]:  # missed broadcasts: download the current model first
-                down[k] += download(algo, client)
+            client, d = self.clients[k], self.data.clients[k]
+            if plan.server and not self.synced[k]:
+                work.down[k] += download(algo, client)
                 self.synced[k] = True
             stats = algo.local_update(k, client, d, rnd)
-            losses[k] = stats.loss_sum / stats.samples if stats.samples else torch.full_like(stats.loss_sum, NAN)  # no training
-            metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
-            if evaluate and score_local:
-                after_local[k] = self._scores(client.state, d), _Snapshot(client.state)
-            seconds[k] += time.perf_counter() - t0
+            work.losses[k] = (stats.loss_sum / stats.samples if stats.samples
+                              else torch.full_like(stats.loss_sum, NAN))  # no training
+            work.metrics[k] = _checked_metrics(algo.name, stats.metrics | algo.training_cost(k, self.data.input_shape))
+            if plan.evaluate and self._scores_local():
+                work.after_local[k] = self._scores(client.state, d)
+            work.seconds[k] += time.perf_counter() - t0
 
-        aggregated = algo.communicates and algo.aggregates_in(rnd)
-        if aggregated:
-            traffic = self._communicate(rnd, participants, graph)
-            for k, b_up, b_down in zip(traffic.clients, traffic.up, traffic.down):
-                up[k] += b_up
-                down[k] += b_down
-
-        loss_values = dict(zip(losses, torch.stack(list(losses.values())).tolist())) if losses else {}
-        results = []
-        for k, (client, d) in enumerate(zip(clients, data)):
-            if k in self.data.unseen:
-                results.append(self._newcomer(k, rnd))
-                continue
-            t0 = time.perf_counter()
-            acc_local = acc_global = acc = acc_val = val_local = val_global = NAN
-            if evaluate:
-                scored = None  # the model last scored, and its scores
-                if k in after_local or score_local:
-                    (acc_local, val_local), scored = (after_local[k] if k in after_local
-                                                      else (self._scores(client.state, d), _Snapshot(client.state)))
-                    scores = acc_local, val_local
-                # A client that missed broadcasts is evaluated as it would start its next round.
-                current = client if self.synced[k] or not server else _caught_up(algo, client)
-                # One pass where the communication step left the scored model as it was (a method
-                # that broadcasts no weights to this client: FedL2P's second stage, Local, ...).
-                if scored is not None and scored.holds(current.state):
-                    acc_global, val_global = acc_local, val_local
-                elif not only_acc or algo.acc_from == "global":
-                    scored = _Snapshot(current.state)
-                    acc_global, val_global = scores = self._scores(current.state, d)
-                if algo.acc_from == "custom":
-                    chosen = algo.personalized_model(k, current, d, rnd)
-                    # the model just scored (FedProx and the FT family at 0 epochs): no second pass
-                    acc, acc_val = (scores if isinstance(chosen, dict) and scored is not None and scored.holds(chosen)
-                                    else self._scores(chosen, d))
-                else:
-                    acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
-                metrics[k] = metrics.get(k, {}) | _checked_metrics(algo.name, algo.evaluation_metrics(k, current, d))
-            seconds[k] += time.perf_counter() - t0
-            results.append(ClientRound(
-                client=k, participated=k in taking_part, acc_local=acc_local, acc_global=acc_global, acc=acc,
-                acc_val=acc_val, acc_val_global=val_global, loss=loss_values.get(k, NAN), n_train=d.n_train,
-                n_val=d.n_val, n_test=d.n_test,
-                personal_fraction=algo.personal_fraction(client), bytes_up=up[k], bytes_down=down[k],
-                seconds=seconds[k], metrics=metrics.get(k, {})))
-        self.completed = rnd
-        return RoundResult(round=rnd, clients=results, seconds=time.perf_counter() - start, evaluated=evaluate,
-                           lr=self.config.lr_at(rnd))
-
-    def _communicate(self, rnd: int, participants: list[int], graph: dict[int, list[int]] | None) -> "_Placed":
-        """The communication step: the server's (participants only) or the neighbours' mixing."""
+    def _communicate(self, plan: "_Plan", work: "_Work") -> set[int]:
+        """The communication step, where the method runs one this round: the server's (over the
+        participants) or the neighbours' mixing. Adds its traffic to `work`; returns the clients
+        whose models it changed: the participants the broadcast wrote into, or every client that
+        mixed with neighbours."""
         algo, clients, data = self.algorithm, self.clients, self.data.clients
-        if graph is not None:
-            traffic = algo.mix_neighbours(clients, data, graph, rnd)
-            return _Placed(list(range(len(clients))), traffic.up, traffic.down)
-        placed, placed_data = [clients[k] for k in participants], [data[k] for k in participants]
-        traffic = algo.aggregate(placed, placed_data, rnd)
+        if not (algo.communicates and algo.aggregates_in(plan.rnd)):
+            return set()
+        if plan.graph is not None:
+            traffic = algo.mix_neighbours(clients, data, plan.graph, plan.rnd)
+            work.add_traffic(range(len(clients)), traffic.up, traffic.down)
+            return set(plan.graph)
+        placed, placed_data = [clients[k] for k in plan.participants], [data[k] for k in plan.participants]
+        traffic = algo.aggregate(placed, placed_data, plan.rnd)
         stats = algo.share_statistics(placed, placed_data)  # bn_stats = "global": BatchNorm's running statistics
-        taking_part = set(participants)
+        work.add_traffic(plan.participants, [b + stats for b in traffic.up], [b + stats for b in traffic.down])
+        taking_part = set(plan.participants)
         self.synced = [k in taking_part for k in range(len(clients))]
-        return _Placed(participants, [b + stats for b in traffic.up], [b + stats for b in traffic.down])
+        return taking_part if self._broadcast_changes_models() else set()
+
+    def _broadcast_changes_models(self) -> bool:
+        """Whether receiving the server's broadcast changes a client's model (not for FedL2P,
+        whose broadcast is λ alone, unless BatchNorm statistics are shared)."""
+        return self.algorithm.broadcasts_model or self.algorithm.statistics_bytes() > 0
+
+    def _scores_local(self) -> bool:
+        """Whether the model after local training is scored (`eval_models = "acc"`: only the
+        model reported as `acc`)."""
+        return self.config.eval_models != "acc" or self.algorithm.acc_from == "local"
+
+    def _client_round(self, k: int, plan: "_Plan", work: "_Work", changed: bool, loss: float) -> ClientRound:
+        """Seen client k's row: on evaluated rounds its scores (`_evaluate`); a client that missed
+        broadcasts is scored as it would start its next round."""
+        algo, client, d = self.algorithm, self.clients[k], self.data.clients[k]
+        t0 = time.perf_counter()
+        scores = _Scores.none()
+        if plan.evaluate:
+            local = work.after_local.get(k)
+            if local is None and self._scores_local():
+                local = self._scores(client.state, d)
+            current = client
+            if plan.server and not self.synced[k]:
+                current, changed = _caught_up(algo, client), self._broadcast_changes_models()
+            scores = self._evaluate(k, plan.rnd, local, current, changed, every_model=self.config.eval_models != "acc")
+            own = _checked_metrics(algo.name, algo.evaluation_metrics(k, current, d))
+            work.metrics[k] = work.metrics.get(k, {}) | own
+        work.seconds[k] += time.perf_counter() - t0
+        return ClientRound(
+            client=k, participated=k in plan.participants, acc_local=scores.local[0], acc_global=scores.global_[0],
+            acc=scores.acc[0], acc_val=scores.acc[1], acc_val_global=scores.global_[1], loss=loss,
+            n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(client),
+            bytes_up=work.up[k], bytes_down=work.down[k], seconds=work.seconds[k], metrics=work.metrics.get(k, {}))
+
+    def _evaluate(self, k: int, rnd: int, local: tuple[float, float] | None, current: ClientState, changed: bool,
+                  every_model: bool) -> "_Scores":
+        """The one place that decides which models of client k are scored, each distinct model
+        once. `local`: the scores of its model after local training (None: not scored);
+        `current`: the client after the communication step, which `changed` its model or not;
+        `every_model`: score the model after the communication step even where `acc` is another.
+        The model after the communication step is scored again only if that step changed it, and a
+        personalized model that is the very model just scored is not scored a second time."""
+        algo, d = self.algorithm, self.data.clients[k]
+        unscored = (NAN, NAN)
+        reuse = self.reuse_scores and local is not None and not changed
+        last = current.state if reuse else None  # the model whose scores are in hand
+        global_ = local if last is not None else unscored
+        if last is None and (every_model or algo.acc_from == "global"):
+            global_, last = self._scores(current.state, d), current.state
+        if algo.acc_from == "local":
+            acc = local
+        elif algo.acc_from == "global":
+            acc = global_
+        else:
+            chosen = algo.personalized_model(k, current, d, rnd)
+            just_scored = self.reuse_scores and last is not None and _same_model(chosen, last)
+            acc = global_ if just_scored else self._scores(chosen, d)
+        return _Scores(local or unscored, global_, acc)
 
     def _newcomer(self, k: int, rnd: int) -> ClientRound:
         """An unseen client's row: nothing before the last round; after it, the client joins as a
         seen one would run a round (receive the broadcast, the method's local update, the
         broadcast's shared parts again where the method evaluates after it) without its update
-        reaching anyone, and is scored on its own test data. Its stored state is left as it was."""
+        reaching anyone, and is scored on its own test data (every model, whatever `eval_models`
+        says). Its stored state is left as it was."""
         algo, d, client = self.algorithm, self.data.clients[k], self.clients[k]
+        row = dict(client=k, participated=False, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, pool="unseen")
         if rnd < self.config.rounds:
-            return ClientRound(client=k, participated=False, acc_local=NAN, acc_global=NAN, acc=NAN, acc_val=NAN,
-                               acc_val_global=NAN, loss=NAN, n_train=d.n_train, n_val=d.n_val, n_test=d.n_test,
+            return ClientRound(acc_local=NAN, acc_global=NAN, acc=NAN, acc_val=NAN, acc_val_global=NAN, loss=NAN,
                                personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
-                               seconds=0.0, pool="unseen")
+                               seconds=0.0, **row)
         t0 = time.perf_counter()
         joined = ClientState(state=dict(client.state), mask=None if client.mask is None else client.mask.copy(),
                              extra=dict(client.extra))
-        down = 0
-        if algo.communicates:
-            down = download(algo, joined)
+        down = download(algo, joined) if algo.communicates else 0
         stats = algo.local_update(k, joined, d, rnd)
-        acc_local, val_local = self._scores(joined.state, d)
-        acc_global, val_global = acc_local, val_local
-        if algo.communicates and algo.acc_from != "local":
+        local = self._scores(joined.state, d)
+        again = algo.communicates and algo.acc_from != "local"
+        if again:
             download(algo, joined)
-            acc_global, val_global = self._scores(joined.state, d)
-        if algo.acc_from == "custom":
-            acc, acc_val = self._scores(algo.personalized_model(k, joined, d, rnd), d)
-        else:
-            acc, acc_val = (acc_local, val_local) if algo.acc_from == "local" else (acc_global, val_global)
-        return ClientRound(client=k, participated=False, acc_local=acc_local, acc_global=acc_global, acc=acc,
-                           acc_val=acc_val, acc_val_global=val_global,
-                           loss=float(stats.loss_sum) / stats.samples if stats.samples else NAN, n_train=d.n_train,
-                           n_val=d.n_val, n_test=d.n_test, personal_fraction=algo.personal_fraction(joined),
-                           bytes_up=0, bytes_down=down, seconds=time.perf_counter() - t0,
+        scores = self._evaluate(k, rnd, local, joined, changed=again, every_model=True)
+        return ClientRound(acc_local=scores.local[0], acc_global=scores.global_[0], acc=scores.acc[0],
+                           acc_val=scores.acc[1], acc_val_global=scores.global_[1],
+                           loss=float(stats.loss_sum) / stats.samples if stats.samples else NAN,
+                           personal_fraction=algo.personal_fraction(joined), bytes_up=0, bytes_down=down,
+                           seconds=time.perf_counter() - t0,
                            metrics=_checked_metrics(algo.name, stats.metrics | algo.evaluation_metrics(k, joined, d)),
-                           pool="unseen")
+                           **row)
 
     def _scores(self, model, d: ClientData) -> tuple[float, float]:
         """(test accuracy, validation accuracy or NaN) of a state or predictor on client data."""
@@ -303,7 +335,9 @@ class Simulation:
         if state["config_hash"] != self.config.config_hash():
             raise ConfigError(f"the saved state belongs to config {state['config_hash']}, "
                               f"not to this run's config {self.config.config_hash()}")
-        to_device = lambda obj: _map_tensors(obj, lambda t: t.to(self.device))
+        def to_device(obj: Any) -> Any:
+            return _map_tensors(obj, lambda t: t.to(self.device))
+
         self.algorithm.load_state_dict(to_device(state["algorithm"]))
         self.clients = [ClientState.from_dict(to_device(c)) for c in state["clients"]]
         self.completed = state["completed"]
@@ -330,25 +364,56 @@ def _map_tensors(obj: Any, fn) -> Any:
     return obj
 
 
-class _Placed(NamedTuple):
-    """Traffic of a communication step placed on client indices."""
+class _Plan(NamedTuple):
+    """Round `rnd`'s participants, its neighbour graph (None: a server, or no communication),
+    whether a server runs it, and whether its clients are scored."""
 
-    clients: list[int]
+    rnd: int
+    participants: list[int]
+    graph: dict[int, list[int]] | None
+    server: bool
+    evaluate: bool
+
+
+@dataclass
+class _Work:
+    """What the steps of one round leave for its rows, per client: training losses (tensors,
+    read in one go), metrics, seconds, traffic, and the scores after local training."""
+
+    losses: dict[int, torch.Tensor]
+    metrics: dict[int, dict[str, float]]
+    seconds: list[float]
     up: list[int]
     down: list[int]
+    after_local: dict[int, tuple[float, float]]
+
+    @classmethod
+    def empty(cls, n: int) -> "_Work":
+        return cls({}, {}, [0.0] * n, [0] * n, [0] * n, {})
+
+    def add_traffic(self, clients, up: list[int], down: list[int]) -> None:
+        for k, b_up, b_down in zip(clients, up, down):
+            self.up[k] += b_up
+            self.down[k] += b_down
 
 
-class _Snapshot:
-    """Which tensors a state held when it was scored, and at which in-place version each, held
-    weakly (a snapshot keeps no model alive): `holds(state)` is true while `state` holds exactly
-    those tensors, none modified in place since (then its scores are still the state's)."""
+class _Scores(NamedTuple):
+    """(test, validation) accuracies of a client's three reported models (NaN: not scored)."""
 
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.refs = {n: (weakref.ref(t), t._version) for n, t in state.items()}
+    local: tuple[float, float]
+    global_: tuple[float, float]
+    acc: tuple[float, float]
 
-    def holds(self, state: dict[str, torch.Tensor]) -> bool:
-        return state.keys() == self.refs.keys() and all(
-            ref() is state[n] and state[n]._version == version for n, (ref, version) in self.refs.items())
+    @classmethod
+    def none(cls) -> "_Scores":
+        return cls((NAN, NAN), (NAN, NAN), (NAN, NAN))
+
+
+def _same_model(chosen, state: dict[str, torch.Tensor]) -> bool:
+    """Whether a personalized model is the state just scored: the very same tensors (FedProx and
+    the FT family at 0 epochs hand the client's state back)."""
+    return (isinstance(chosen, dict) and chosen.keys() == state.keys()
+            and all(chosen[n] is t for n, t in state.items()))
 
 
 def _caught_up(algo, client: ClientState) -> ClientState:

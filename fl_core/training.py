@@ -70,6 +70,80 @@ class SGDSettings:
     weight_decay: float = 0.0
 
 
+# ---------------------------------------------------------------- gradient corrections
+# What a method changes in the plain SGD step, as a short list of transforms applied in a fixed
+# order to each batch's gradients of the trained tensors (in place, under no_grad), before momentum
+# and the update's masks: clipping, then additive corrections of the gradient, then weight decay,
+# then the terms of the method's objective. `LocalTrainer.train_pass` adds weight decay itself.
+Step = Callable[[list[Tensor], list[Tensor]], None]  # (gradients, trained tensors) -> None
+
+
+@dataclass(frozen=True)
+class ClipGradNorm:
+    """Scale the loss gradient down to total L2 norm `max_norm` when it is larger, as
+    `torch.nn.utils.clip_grad_norm_` before `optimizer.step()` (DisPFL's authors clip at 10)."""
+
+    max_norm: float
+    order = 0
+
+    def step(self, names: Sequence[str]) -> Step:
+        def clip(grads: list[Tensor], trained: list[Tensor]) -> None:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            torch._foreach_mul_(grads, torch.clamp(self.max_norm / (norm + 1e-6), max=1.0))
+        return clip
+
+
+@dataclass(frozen=True)
+class ShiftGradient:
+    """Add a fixed tensor per trained parameter (by name) to the gradient at every step: a
+    correction of the gradient, not part of it (SCAFFOLD's c - c_k), so after clipping and before
+    weight decay, the objective's terms and momentum act on the corrected gradient."""
+
+    shift: Mapping[str, Tensor]
+    order = 1
+
+    def step(self, names: Sequence[str]) -> Step:
+        shift = [self.shift[n] for n in names]
+        return lambda grads, trained: torch._foreach_add_(grads, shift)
+
+
+@dataclass(frozen=True)
+class WeightDecay:
+    """L2 weight decay, as SGD's `weight_decay` (added by `train_pass` from its settings)."""
+
+    decay: float
+    order = 2
+
+    def step(self, names: Sequence[str]) -> Step:
+        return lambda grads, trained: torch._foreach_add_(grads, trained, alpha=self.decay)
+
+
+@dataclass(frozen=True)
+class Proximal:
+    """The gradient of lam/2 * ||w - reference||^2 over the trained tensors (Ditto's personal
+    objective, FedProx's proximal term)."""
+
+    lam: float
+    reference: Mapping[str, Tensor]
+    order = 3
+
+    def step(self, names: Sequence[str]) -> Step:
+        anchor = [self.reference[n] for n in names]
+        return lambda grads, trained: torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=self.lam)
+
+
+Correction = ClipGradNorm | ShiftGradient | WeightDecay | Proximal
+# A second model's update on the pass's batches (APFL's v, pFedMe's θ̃): called with the model as
+# the pass holds it (its parameters before this batch's step) and the batch, before the pass's
+# own forward; it keeps its model itself.
+BatchStep = Callable[[nn.Module, Tensor, Tensor], None]
+
+
+def clipped(max_norm: float | None) -> list[Correction]:
+    """The corrections of a knob that clips when set: `ClipGradNorm(max_norm)`, none for None."""
+    return [] if max_norm is None else [ClipGradNorm(max_norm)]
+
+
 def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> None:
     model.load_state_dict(state, strict=True)
 
@@ -187,75 +261,53 @@ class LocalTrainer:
 
     # ---------------------------------------------------------------- training
     def train_pass(self, state: State, x: Tensor, y: Tensor, update: UpdateSpec, seed: int,
-                   loss_fn: LossFn = cross_entropy, prox: tuple[float, Mapping[str, Tensor]] | None = None,
-                   lr: float | None = None, momentum: float | None = None,
-                   inplace: bool = False, max_grad_norm: float | None = None,
+                   loss_fn: LossFn = cross_entropy, corrections: Sequence[Correction] = (),
+                   lr: float | None = None, momentum: float | None = None, inplace: bool = False,
                    velocity: dict[str, Tensor] | None = None,
-                   grad_shift: Mapping[str, Tensor] | None = None) -> tuple[State, Tensor, int]:
+                   batch_steps: Sequence[BatchStep] = ()) -> tuple[State, Tensor, int]:
         """One epoch over (x, y) changing only what `update` allows; returns (new state, loss sum, samples).
 
         The new state is a fresh dict of fresh tensors: `state`'s tensors are never modified and
         never shared with it. `inplace=True` instead trains `state`'s own tensors (those laid out
         as the model's) and returns a new dict of them: for a caller that drops the old state
         anyway, it saves a model-sized allocation and copy per pass, with the same numbers.
-        `lr` and `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning);
-        the momentum buffer starts at zero in every pass, unless `velocity` is given: a dict of
+        `corrections` change the gradient before the step (`ClipGradNorm`, `ShiftGradient`,
+        `Proximal`; applied in their fixed order with the settings' weight decay); `batch_steps`
+        update a second model on each batch before the pass's own step (`BatchStep`). `lr` and
+        `momentum` override `self.sgd`'s for this pass (per-round schedules, fine-tuning); the
+        momentum buffer starts at zero in every pass, unless `velocity` is given: a dict of
         buffers by parameter name that the pass continues from and leaves updated (missing names
         start at zero), so that several passes make one optimizer's run (`momentum_scope="round"`).
-        `prox=(lam, reference)` adds lam/2 * ||w - reference||^2 to the loss of the trained
-        tensors (Ditto's personal objective). `max_grad_norm` scales the loss gradient of the
-        trained tensors down to that total L2 norm when it is larger, before weight decay, as
-        `torch.nn.utils.clip_grad_norm_` before `optimizer.step()` (DisPFL's authors clip at 10).
-        `grad_shift` (a tensor per trained parameter, by name) is added to the loss gradient at
-        every step, after clipping (it corrects the gradient, it is not part of it) and before
-        weight decay, the prox term and momentum (so they act on the corrected gradient, as an
-        optimizer would on a corrected `.grad`): SCAFFOLD's control-variate correction c - c_k.
         The loss sum stays a device tensor so that callers decide when to synchronise.
         """
-        sgd = self.sgd
-        lr = sgd.lr if lr is None else lr
-        momentum = sgd.momentum if momentum is None else momentum
-        if inplace:
-            self._check_keys(state)
-            new = {n: t if self._fits(n, t) else torch.empty_like(self._slots[n][3]).copy_(t) for n, t in state.items()}
-        else:
-            new = self.copy_state(state)
+        lr = self.sgd.lr if lr is None else lr
+        momentum = self.sgd.momentum if momentum is None else momentum
+        new = self._trained_copy(state, inplace)
         names = [n for n in self.params if n in update]
         for name, p in self.params.items():
             p.requires_grad_(name in update)
         trained = [self.params[n] for n in names]
         masks = [update[n] for n in names]
         masked_idx = [i for i, m in enumerate(masks) if m is not None]
-        anchor = [prox[1][n] for n in names] if prox else None
-        shift = [grad_shift[n] for n in names] if grad_shift is not None else None
-
-        n = x.shape[0]
-        order = batch_order(seed, n, x.device)
+        if self.sgd.weight_decay:
+            corrections = [*corrections, WeightDecay(self.sgd.weight_decay)]
+        steps = [c.step(names) for c in sorted(corrections, key=lambda c: c.order)]
+        order = batch_order(seed, x.shape[0], x.device)
         loss_sum = torch.zeros((), device=x.device)
         try:
             with self.bound(new) as model:
                 self._mode(True)
-                if not momentum:
-                    velocity = None
-                elif velocity is None:
-                    velocity = [torch.zeros_like(p) for p in trained]
-                else:
-                    velocity = [velocity.setdefault(name, torch.zeros_like(p)) for name, p in zip(names, trained)]
-                for start in range(0, n, sgd.batch_size):
-                    idx = order[start:start + sgd.batch_size]
+                velocity = self._velocity(velocity, momentum, names, trained)
+                for start in range(0, x.shape[0], self.sgd.batch_size):
+                    idx = order[start:start + self.sgd.batch_size]
+                    for step in batch_steps:
+                        step(model, x[idx], y[idx])
                     loss = loss_fn(model, x[idx], y[idx])
                     loss.backward()
                     with torch.no_grad():
                         grads = [p.grad for p in trained]
-                        if max_grad_norm is not None:
-                            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-                            torch._foreach_mul_(grads, torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
-                        if shift is not None:
-                            torch._foreach_add_(grads, shift)
-                        if sgd.weight_decay:
-                            torch._foreach_add_(grads, trained, alpha=sgd.weight_decay)
-                        if anchor is not None:
-                            torch._foreach_add_(grads, torch._foreach_sub(trained, anchor), alpha=prox[0])
+                        for step in steps:
+                            step(grads, trained)
                         if velocity is not None:
                             torch._foreach_mul_(velocity, momentum)
                             torch._foreach_add_(velocity, grads)
@@ -269,7 +321,25 @@ class LocalTrainer:
                         p.grad = None
         finally:
             self._release_grads()
-        return new, loss_sum, n
+        return new, loss_sum, x.shape[0]
+
+    def _trained_copy(self, state: State, inplace: bool) -> State:
+        """The state a pass trains: a fresh copy, or (`inplace`) `state`'s own tensors where they
+        are laid out as the model's."""
+        if not inplace:
+            return self.copy_state(state)
+        self._check_keys(state)
+        return {n: t if self._fits(n, t) else torch.empty_like(self._slots[n][3]).copy_(t) for n, t in state.items()}
+
+    @staticmethod
+    def _velocity(velocity: dict[str, Tensor] | None, momentum: float, names: list[str],
+                  trained: list[Tensor]) -> list[Tensor] | None:
+        """The pass's momentum buffers: none without momentum, zeros, or those of `velocity`."""
+        if not momentum:
+            return None
+        if velocity is None:
+            return [torch.zeros_like(p) for p in trained]
+        return [velocity.setdefault(name, torch.zeros_like(p)) for name, p in zip(names, trained)]
 
     def _release_grads(self) -> None:
         for p in self.params.values():

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     text = page()
     if args.check:
         same = PAGE.exists() and PAGE.read_text() == text
-        print("docs/methods.md is up to date" if same else "docs/methods.md is out of date: run scripts/methods_page.py")
+        print("docs/methods.md is up to date" if same else
+              "docs/methods.md is out of date: run scripts/methods_page.py")
         return 0 if same else 1
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(text)

@@ -285,6 +285,36 @@ def kernels_used(results: Path, recipe: Recipe) -> str:
     return "; ".join(f"kernels {k} on a CPU with {isa}" for k, isa in sorted(seen)) or "not recorded"
 
 
+def flags_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the recipe's name or a combination of flags (None: nothing)."""
+    if args.name not in RECIPES:
+        return f"unknown recipe {args.name!r}; choose from {', '.join(RECIPES)}"
+    if args.check and args.tables_only:
+        return ("--check runs the sweeps; it cannot be combined with --tables-only (--check --from-data "
+                "recomputes the tables from the committed data)")
+    if args.from_data and not args.check:
+        return ("--from-data goes with --check (it compares what the committed data give with the committed "
+                "tables)")
+    if args.ran_at is not None and not args.tables_only:
+        return "--ran-at names the commit of sweeps run earlier; it goes with --tables-only"
+    return None
+
+
+def report_check(name: str, recipe: Recipe, results: Path, out: Path, committed: Path) -> int:
+    """--check: print how the regenerated tables `out` differ from the committed ones; 1 if they do, else 0."""
+    problems = check(out, committed)
+    print(f"[reproduce] the trials ran {kernels_used(results, recipe)}", flush=True)
+    if problems:
+        print("\n".join(problems))
+        print(f"error: {len(problems)} differences between the regenerated tables of {name!r} and "
+              f"docs/results/{name}; the committed ones were made with the kernels their provenance.md "
+              f"names (commit the new ones with: bash scripts/reproduce.sh {name})", file=sys.stderr)
+        return 1
+    count = len(list(out.glob("*.md")))
+    print(f"[reproduce] {count} tables regenerated, identical to docs/results/{name}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/reproduce.sh", description=__doc__.split("\n")[0])
     parser.add_argument("name", nargs="?", help="the recipe (--list shows them)")
@@ -304,19 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, recipe in RECIPES.items():
             print(f"{name:32s} {recipe.about}")
         return 0 if args.list else 2
-    if args.name not in RECIPES:
-        print(f"error: unknown recipe {args.name!r}; choose from {', '.join(RECIPES)}", file=sys.stderr)
-        return 2
-    if args.check and args.tables_only:
-        print("error: --check runs the sweeps; it cannot be combined with --tables-only (--check --from-data "
-              "recomputes the tables from the committed data)", file=sys.stderr)
-        return 2
-    if args.from_data and not args.check:
-        print("error: --from-data goes with --check (it compares what the committed data give with the committed "
-              "tables)", file=sys.stderr)
-        return 2
-    if args.ran_at is not None and not args.tables_only:
-        print("error: --ran-at names the commit of sweeps run earlier; it goes with --tables-only", file=sys.stderr)
+    error = flags_error(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     recipe = RECIPES[args.name]
     data = args.data_root or os.environ.get("FL_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
@@ -350,17 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "fresh" if args.check else committed
         written = tabulate(args.name, recipe, results, out)
         if args.check:
-            problems = check(out, committed)
-            print(f"[reproduce] the trials ran {kernels_used(results, recipe)}", flush=True)
-            if problems:
-                print("\n".join(problems))
-                print(f"error: {len(problems)} differences between the regenerated tables of {args.name!r} and "
-                      f"docs/results/{args.name}; the committed ones were made with the kernels their provenance.md "
-                      f"names (commit the new ones with: bash scripts/reproduce.sh {args.name})", file=sys.stderr)
-                return 1
-            count = len(list(out.glob("*.md")))
-            print(f"[reproduce] {count} tables regenerated, identical to docs/results/{args.name}")
-            return 0
+            return report_check(args.name, recipe, results, out, committed)
     if recipe.sweeps:
         for folder in keep_data(results, recipe, committed):
             print(f"[reproduce] kept the Parquet behind the tables in {repo_relative(folder)}")

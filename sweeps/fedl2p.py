@@ -47,8 +47,8 @@ ABLATIONS = (Method("fedl2p", {"meta_nets": "bnnet"}), Method("fedl2p", {"meta_n
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("FedL2P study")
     group.add_argument("--ablations", action="store_true",
-                       help="also run FedL2P's ablations: BNNet only, LRNet only with beta = 1 and beta = 0, the paper's IFT "
-                            "hypergradient instead of FOMAML+ "
+                       help="also run FedL2P's ablations: BNNet only, LRNet only with beta = 1 and beta = 0, the "
+                            "paper's IFT hypergradient instead of FOMAML+ "
                             "(4 more methods per data setting and seed) (default: off)")
     group.add_argument("--pretraining", choices=PRETRAININGS, default=None,
                        help="the first stage's method, which pretrains the personalized model: FedAvg, FedBABU or "

@@ -3,7 +3,8 @@ results are: data once per data setting and seed, resources checked against the 
 Tuner per stage (sweeps/stages.py: a grid is one stage; a search or scheduler runs anchors,
 select stages per data setting, then the confirm stage of their winners; a [pretraining] study
 first runs its pretrain stage, and the next stage only if every pretraining completed), each with
-the MLflow callback; then trials.parquet, a summary, and the study's tables and figures.
+the MLflow callback; then trials.parquet, a summary, and the study's tables and figures
+(sweeps/summary.py). A resumed stage continues from its Tune record (sweeps/tune_record.py).
 
 Ctrl-C or SIGTERM at any point ends with trials.parquet (every trial, with its status), the
 summary of what finished and the command that resumes the sweep; exit status 130 (SIGINT) or
@@ -11,18 +12,10 @@ summary of what finished and the command that resumes the sweep; exit status 130
 """
 from __future__ import annotations
 
-import errno
-import json
-import logging
 import os
-import shlex
-import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from fl_core import kernels
 from fl_core.data import load_data
@@ -31,19 +24,20 @@ from . import damage, parquet_sink, resources
 from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
-from .mlflow_sink import MLflowSink, default_tracking_uri, fail_fast_on_servers, log_sweep_tables
+from .mlflow_sink import MLflowSink
+from .mlflow_view import fail_fast_on_servers
 from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
-from .spec import budget_line, to_toml
+from .spec import to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
+from .summary import DISK_ERRORS, resume_command, summary, tables_and_figures, tracking_uri
 from .trainable import run_trial
-from .trials import UNFINISHED, TrialLedger, status_counts, trials_table
+from .tune_record import names_a_trial, restore_quietly, start_again
+from .trials import TrialLedger, trials_table
 
 METRIC_COLUMNS = {"round": "round", "acc_mean": "acc", OBJECTIVE: "objective",
                   "summary/personal_fraction_mean": "personal", "summary/mb_total": "MB"}
-SETTING_KNOBS = ("algorithm", "dataset", "partition", "shards_per_client", "dir_alpha")  # in `method`/`setting`
 
 
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # the disk refused a write
 
 
 def launch(plan: SweepPlan, gpus: float | str) -> int:
@@ -63,7 +57,7 @@ def launch(plan: SweepPlan, gpus: float | str) -> int:
                 if not (plan.folder / "sweep.json").exists():  # so that the resume command finds it
                     save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
                 trials, rows = trials_table(plan, [], interrupted=True)
-                _summary(plan, trials, rows, time.time() - start, stop.signum)
+                summary(plan, trials, rows, time.time() - start, stop.signum)
             return exit_code(stop.signum)
 
 
@@ -79,9 +73,11 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
         key = config.data_key()
         if key not in datasets:
             datasets[key] = load_data(config)
-    stages = ", ".join(s.name for s in plan.stages) + (", tune-confirm" if plan.spec.selects and len(plan.spec.seeds) > 1 else "")
+    stages = (", ".join(s.name for s in plan.stages)
+              + (", tune-confirm" if plan.spec.selects and len(plan.spec.seeds) > 1 else ""))
     print(f"[sweep] {plan.study}: {len(plan.configs)} planned trials"
-          + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled" if plan.search == "optuna" else "")
+          + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled"
+             if plan.search == "optuna" else "")
           + f"; {len(datasets)} client datasets (data settings x seeds); stages: {stages}", flush=True)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
@@ -96,7 +92,8 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
                 guard.reinstall()
         request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
-              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
+              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU",
+              flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
         pause_for_tests("start")
         save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
@@ -154,8 +151,40 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                              reproducible=args.reproducible, report_round=plan.spec.report_round),
         request.as_tune())
     TrialLedger.seen = {}
+    start = time.time()
+    ran, repaired, stopped = _run_stages(plan, trainable, guard)
+    elapsed = time.time() - start
+    finished = ran[:-1] if stopped is not None else ran  # an interrupted select stage has no winner yet
+    with guard.hold(then_raise=False):  # the results are written whatever comes now
+        trials, rows = trials_table(plan, ran + repaired, interrupted=stopped is not None,
+                                    selected=set(winners(finished)))
+        if stopped is None:  # every stage ran: one schema per folder for any Parquet reader
+            parquet_sink.unify_schema(folder)
+        summary(plan, trials, rows, elapsed, stopped)
+    if guard.signum is not None:
+        if stopped is None:  # it came while the summary was written: every trial had ended
+            print(f"[sweep] {signal_name(guard.signum)}: tables and figures skipped; write them with: "
+                  f"{resume_command(plan)}", flush=True)
+        return exit_code(guard.signum)
+    try:
+        pause_for_tests("tables")
+        tables_and_figures(folder, plan)
+    except Interrupted as stop:
+        with guard.hold(then_raise=False):
+            print(f"\n[sweep] {signal_name(stop.signum)} while writing the tables and figures; trials.parquet and "
+                  f"the Parquet rows are complete")
+            print(f"[sweep] write them with: python -m analysis.tables {folder}")
+            print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
+        return exit_code(stop.signum)
+    return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
+
+
+def _run_stages(plan: SweepPlan, trainable, guard: Interrupts) -> tuple[list, list, int | None]:
+    """The stages' Tune runs in order, each with its repair run where results were damaged, and
+    after the last select stage the confirm stage of its winners: (ran, repaired, the signal
+    that stopped them or None). A pretraining that did not complete ends the sweep's stages."""
     stages, ran, repaired = list(plan.stages), [], []
-    start, stopped = time.time(), None
+    stopped = None
     while len(ran) < len(stages):
         stage = stages[len(ran)]
         tuner = _tuner(plan, stage, trainable)
@@ -179,30 +208,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
             confirm = confirm_stage(plan.spec, list(winners(ran).values()))
             if confirm is not None:
                 stages.append(confirm)
-    elapsed = time.time() - start
-    finished = ran[:-1] if stopped is not None else ran  # an interrupted select stage has no winner yet
-    with guard.hold(then_raise=False):  # the results are written whatever comes now
-        trials, rows = trials_table(plan, ran + repaired, interrupted=stopped is not None,
-                                    selected=set(winners(finished)))
-        if stopped is None:  # every stage ran: one schema per folder for any Parquet reader
-            parquet_sink.unify_schema(folder)
-        _summary(plan, trials, rows, elapsed, stopped)
-    if guard.signum is not None:
-        if stopped is None:  # it came while the summary was written: every trial had ended
-            print(f"[sweep] {signal_name(guard.signum)}: tables and figures skipped; write them with: "
-                  f"{resume_command(plan)}", flush=True)
-        return exit_code(guard.signum)
-    try:
-        pause_for_tests("tables")
-        _tables_and_figures(folder, plan)
-    except Interrupted as stop:
-        with guard.hold(then_raise=False):
-            print(f"\n[sweep] {signal_name(stop.signum)} while writing the tables and figures; trials.parquet and "
-                  f"the Parquet rows are complete")
-            print(f"[sweep] write them with: python -m analysis.tables {folder}")
-            print(f"[sweep] or continue with: {resume_command(plan)}", flush=True)
-        return exit_code(stop.signum)
-    return 0 if trials.status.isin(["COMPLETED", "STOPPED"]).all() else 1  # stopped early: a scheduler's normal outcome
+    return ran, repaired, stopped
 
 
 def all_completed(grid) -> bool:
@@ -230,51 +236,6 @@ def winners(ran: list[tuple[Stage, Any]]) -> dict[str, Any]:
             if best is not None:
                 out[best.config_hash()] = best
     return out
-
-
-def restore_quietly(tune_dir: Path, trainable):
-    """`tune.Tuner.restore` of a stage's experiment without Tune's warning per unstarted trial.
-
-    Restoring reads every trial's metrics; trials that never started have none, and Tune warns
-    once per such trial (57 lines for a sweep stopped early). They are expected here: the resumed
-    sweep runs them, and its progress table counts them. Errors still show."""
-    from ray import tune
-
-    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        return tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_errored=True)
-    finally:
-        quiet.setLevel(level)
-
-
-def names_a_trial(tune_dir: Path) -> bool:
-    """Whether Tune's record of a stage (its newest experiment state, the one a restore reads) names
-    at least one trial. It names none when the sweep stopped after the stage's Tuner was created
-    (tuner.pkl) and before Tune saved a trial: a Ctrl-C in the stage's first moments (no state, or
-    a state of no trial), a kill before Tune's first snapshot. Ray 2.60 cannot restore such a record:
-    the restore fails (no state file; `trials[0]` of no trials) and Tune starts the experiment again
-    without its param space, with trials of an empty config; so the stage starts again instead."""
-    states = sorted(tune_dir.glob("experiment_state-*.json"))  # Tune restores the newest (the last name)
-    return bool(states) and bool(json.loads(states[-1].read_text()).get("trial_data"))
-
-
-def start_again(folder: Path, tune_dir: Path) -> None:
-    """Clear Tune's record of a stage that names no trial (`names_a_trial`), so that the stage starts
-    as new: Tune's files, and its ASHA's record of trials that are not in it (sweeps/asha.py). A
-    folder of bookkeeping only is removed; one that holds trial folders (Tune wrote them, then was
-    killed before it saved them in its state) is set aside under damaged/, as a damaged record is.
-    The trials' rows and states are elsewhere: a trial that ran reports again from its saved state."""
-    name = tune_dir.name
-    if any(p.is_dir() and p.name != "asha" for p in tune_dir.iterdir()):
-        aside = damage.move_aside(folder, [tune_dir], time.strftime("%Y%m%d-%H%M%S"))
-        where = f"; its Tune folder is set aside under {aside.relative_to(folder)}/"
-    else:
-        shutil.rmtree(tune_dir)
-        where = ""
-    print(f"[sweep] {name}: Tune's record names no trial (the sweep stopped before Tune saved one){where}; "
-          f"the stage starts again", flush=True)
 
 
 def _tuner(plan: SweepPlan, stage: Stage, trainable):
@@ -340,137 +301,3 @@ def _tune_config(plan: SweepPlan, stage: Stage):
         kwargs["scheduler"] = ResumableASHA(rungs_path(plan.folder / stage.name), time_attr="round",
                                             max_t=rounds, grace_period=max(1, rounds // 4), reduction_factor=2)
     return tune.TuneConfig(**kwargs)
-
-
-def tracking_uri(plan: SweepPlan) -> str:
-    return plan.args.tracking_uri or default_tracking_uri(plan.folder.parent)
-
-
-def resume_command(plan: SweepPlan) -> str:
-    return f"{plan.command} --resume {shlex.quote(plan.folder.name)} --results {shlex.quote(str(plan.args.results))}"
-
-
-def _summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, stopped_by: int | None = None) -> None:
-    folder = plan.folder
-    done = trials[trials.status == "COMPLETED"]
-    how = f"stopped by {signal_name(stopped_by)} after" if stopped_by is not None else "in"
-    print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
-          f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
-    if "stage" in done and plan.spec.selects:  # select runs are not results (analysis.common.final_rows)
-        from analysis.common import final_rows
-        done = final_rows(done)
-    pretrained = done[done["stage"] == "pretrain"] if "stage" in done else done.iloc[:0]
-    done = done.drop(index=pretrained.index)
-    if not pretrained.empty:  # the first stage of a two-stage study: its own short table
-        by = "acc_val_mean" if "acc_val_mean" in pretrained and pretrained["acc_val_mean"].notna().all() else None
-        print("[sweep] pretraining (the models the other trials start from), per data setting; final mean test "
-              "accuracy over clients, mean ± std over seeds and the 95% CI of the mean (t interval over seeds):")
-        print(best_per_setting(pretrained, [], by).to_string(index=False, na_rep="-"))
-    if not done.empty:
-        knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
-        by = "acc_val_mean" if "acc_val_mean" in done and done["acc_val_mean"].notna().all() else None
-        if plan.spec.selects:
-            print(f"[sweep] {budget_line(plan.spec)}")
-            how = "selected configuration confirmed on every seed"
-        elif by == "acc_val_mean":
-            how = "best configuration by validation accuracy (mean over seeds)"
-        else:
-            how = ("declared configuration (run on the most seeds; ties: the first of its grid), as the tables "
-                   "show it: no validation split to select on, and test accuracy never selects")
-        when = {"last": "final", "best_val": "at each run's best-validation round",
-                "best_val_global": "at each run's best-validation round before fine-tuning"}[plan.spec.report_round]
-        print(f"[sweep] per data setting, each method's {how}; {when} mean personalized test accuracy over clients, "
-              f"mean ± std over seeds and the 95% CI of the mean (t interval over seeds; diverged runs left out); "
-              f"completed trials only:")
-        print(best_per_setting(done, knobs, by).to_string(index=False, na_rep="-"))
-    print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
-    print(f"[sweep] trials:  {folder / 'trials.parquet'}")
-    print(f"[sweep] MLflow:  {mlflow_ui_line(tracking_uri(plan))}")
-    from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
-    link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
-    if link:
-        print(f"[sweep] this sweep's trials in MLflow (best validation accuracy first where there is a split, "
-              f"else in start order): {link}")
-    full = trials["error"].fillna("").str.contains("|".join(os.strerror(e) for e in DISK_ERRORS), regex=True) \
-        if "error" in trials else pd.Series(False, index=trials.index)
-    if full.any():  # a trial failed because the disk refused its write: say so, once
-        print(f"[sweep] {int(full.sum())} trial(s) failed writing their results "
-              f"({trials.loc[full, 'error'].iloc[0][:160]}); their rows and states up to the last written round are "
-              f"kept: free space, then continue with --resume", flush=True)
-    if stopped_by is not None or trials.status.isin([*UNFINISHED, "ERROR"]).any():  # what --resume would run
-        print(f"[sweep] continue with: {resume_command(plan)}", flush=True)
-
-
-def mlflow_ui_line(uri: str) -> str:
-    """How to see the runs: a tracking server shows them itself (its address); a file or database
-    store needs `mlflow ui` started on it."""
-    if uri.startswith(("http://", "https://")):
-        return f"the tracking server's UI at {uri.rstrip('/')} (it already runs)"
-    return f"{mlflow_command()} ui --backend-store-uri {uri}"
-
-
-def mlflow_command() -> str:
-    """The `mlflow` executable of this environment (the venv's, which is not on PATH unless the
-    venv is activated), else plain `mlflow`."""
-    beside = Path(sys.executable).parent / "mlflow"
-    return str(beside) if beside.exists() else "mlflow"
-
-
-def best_per_setting(done: pd.DataFrame, knobs: list[str], by: str | None = None) -> pd.DataFrame:
-    """Per data setting (and local epochs where they vary), each method's configuration of the
-    swept knobs, with its final test accuracy (mean ± std over seeds), best first: the best mean
-    validation accuracy over seeds with `by` = "acc_val_mean"; without a validation split (`by`
-    None) the declared one, run on the most seeds, ties to the smallest knob values (the grid's
-    first point), as the tables choose (analysis.common.chosen_trials). A configuration is never
-    chosen by test accuracy, and the anchors stand beside the tuned method. Runs that diverged
-    (analysis.load.diverged) are left out of the accuracy, its interval and `seeds`, and counted
-    in `diverged`. `95% CI`: the t interval of the mean over seeds (analysis.stats.mean_ci)."""
-    from analysis.load import diverged  # the tables' rule: a diverged run is a result, not a number
-    from analysis.stats import mean_ci  # the one definition of the interval, beside the tables'
-
-    cell = ["setting"] + (["local_epochs"] if "local_epochs" in done and done["local_epochs"].nunique() > 1 else [])
-    keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
-    lost = diverged(done)
-    grouped = done.assign(acc_mean=done["acc_mean"].where(~lost), lost=lost, ran=done["acc_mean"]) \
-        .groupby(keys, dropna=False, sort=False)
-    stats = grouped["acc_mean"].agg(["mean", "std", "count"]).reset_index()
-    stats["mb"] = grouped["mb_total"].mean().to_numpy()
-    stats["lost"] = grouped["lost"].sum().to_numpy()
-    stats["runs"] = grouped["ran"].count().to_numpy()  # seeds with a result, diverged or not: as the tables choose
-    stats["ci"] = [mean_ci(values) for _, values in grouped["acc_mean"]]  # the groups in the order of agg
-    if by is None:
-        swept = keys[len(cell) + 1:]
-        order = stats.sort_values(swept, na_position="first", kind="stable") if swept else stats
-        order = order.sort_values("runs", ascending=False, kind="stable")
-    else:
-        stats["rank_by"] = grouped[by].mean().to_numpy()
-        order = stats.sort_values("rank_by", ascending=False, kind="stable")
-    stats = order.groupby([*cell, "method"], sort=False).head(1)
-    stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
-    stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" if n else "-" for m, sd, n in
-                    zip(stats["mean"], stats["std"], stats["count"])]
-    stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-" for (low, high), n in zip(stats["ci"], stats["count"])]
-    stats["seeds"] = stats["count"].astype(int)
-    stats["diverged"] = stats["lost"].astype(int)
-    stats["mb_total"] = stats["mb"].round(2)
-    shown = stats[[*keys, "acc", "95% CI", "seeds", "diverged", "mb_total"]]
-    return shown.astype(object).where(shown.notna(), "-")
-
-
-def _tables_and_figures(folder: Path, plan: SweepPlan | None = None) -> None:
-    """The study's LaTeX (and Markdown) tables and figures from its Parquet results (analysis/); with the `plan`,
-    the tables folder (with summary.parquet) also goes to the sweep's MLflow run."""
-    try:
-        from analysis.plots import build_plots
-        from analysis.tables import build_tables
-
-        tables = build_tables([folder], markdown=True)  # .md beside each .tex: for a README, an issue, the docs
-        figures = build_plots([folder])
-    except Exception as err:  # noqa: BLE001 - the results are safe; a failed figure must not fail the sweep
-        print(f"WARNING: building tables/figures failed ({type(err).__name__}: {err}); "
-              f"retry with python -m analysis.tables {folder}", file=sys.stderr)
-        return
-    for path in [*tables.values(), *figures]:
-        print(f"[sweep] wrote {path}")
-    if plan is not None and tables and log_sweep_tables(tracking_uri(plan), plan.study, folder.name, folder / "tables"):
-        print("[sweep] tables and summary.parquet logged to the sweep's MLflow run (artifacts tables/)")

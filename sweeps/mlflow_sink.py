@@ -42,7 +42,7 @@ from ray import tune
 from fl_core.config import DATA_KNOBS, NON_SEMANTIC, RunConfig
 from fl_core.results import KNOB_SYMBOLS, config_columns, setting_label, summarize_trial
 
-from .mlflow_view import ALWAYS_NAMED, fail_fast_on_servers, save_sweep_view
+from .mlflow_view import ALWAYS_NAMED, save_sweep_view
 from .parquet_sink import read_trial
 from .plan import reached_last_round, run_config
 
@@ -214,7 +214,8 @@ class MLflowSink(tune.Callback):
             finished = trial.trial_id in self._finished
             if not finished:
                 self._guard("tagging an early-stopped run", self.client.set_tag, run_id, "stopped_early", "true")
-            self._guard("closing a trial's run", self.client.set_terminated, run_id, "FINISHED" if finished else "KILLED")
+            self._guard("closing a trial's run", self.client.set_terminated, run_id,
+                        "FINISHED" if finished else "KILLED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._child(trial, trials)
@@ -234,7 +235,8 @@ class MLflowSink(tune.Callback):
             if clients.exists():
                 hist = pd.read_parquet(clients)
                 (out / "label_histograms.json").write_text(json.dumps(
-                    {int(r.client): {"train": list(map(int, r.train_label_hist)), "test": list(map(int, r.test_label_hist))}
+                    {int(r.client): {"train": list(map(int, r.train_label_hist)),
+                                     "test": list(map(int, r.test_label_hist))}
                      for r in hist.itertuples()}))
             masks = _final_masks(self.sweep_dir / "masks" / f"{key}.parquet")
             if masks:

@@ -5,8 +5,9 @@ their flat dicts (`RunConfig.to_dict()`), never raw flag values:
   grid   {"trial": grid_search([{"run": <flat config>, "stage": <stage>, "show": <progress cells>}, ...])}
   optuna {"run": <flat config of a validated base trial>, "stage": "select", <knob>: <Tune domain>, ...}
 (`stage`: which stage of the sweep the trial belongs to, see sweeps/stages.py; an Optuna search
-never samples the data setting: each data setting has its own search.) `show` holds the progress-table cells of each trial ("-" where a trial lacks the knob, e.g. p for
-the FedAvg anchor), so that Tune's reporter never looks up a key a trial does not have.
+never samples the data setting: each data setting has its own search.) `show` holds the
+progress-table cells of each trial ("-" where a trial lacks the knob, e.g. p for the FedAvg anchor),
+so that Tune's reporter never looks up a key a trial does not have.
 
 Tune -> trial: `run_config(tune_config)` is the one way back to a `RunConfig`; the trainable, the
 trials table and the MLflow sink all use it.
@@ -109,7 +110,8 @@ def search_space(base: RunConfig, domains: Mapping[str, Any], columns: Mapping[s
             low, high = int(math.ceil(domain.low)), int(math.floor(domain.high)) + 1
             space[knob] = tune.lograndint(low, high) if domain.log else tune.randint(low, high)
         else:
-            space[knob] = tune.loguniform(domain.low, domain.high) if domain.log else tune.uniform(domain.low, domain.high)
+            space[knob] = (tune.loguniform(domain.low, domain.high) if domain.log else
+                           tune.uniform(domain.low, domain.high))
     shown = {k: title for k, title in columns.items() if k in domains}
     return space, shown
 

@@ -241,7 +241,8 @@ def _value(value: Any, where: str) -> Any:
     """A knob value from TOML: scalar, list (axis) or {low, high, log} (Range); "none" is None."""
     if isinstance(value, dict):
         _only(value, ("low", "high", "log"), where)
-        if not all(isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) for k in ("low", "high")):
+        if not all(isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool)
+                   for k in ("low", "high")):
             raise SweepError(f"{where}: a range needs numbers `low` and `high`, e.g. {{low = 0.01, high = 0.3}}")
         if not value["low"] < value["high"]:
             raise SweepError(f"{where}: range low={value['low']} must be below high={value['high']}")
@@ -256,6 +257,21 @@ def _value(value: Any, where: str) -> Any:
 def check_spec(spec: StudySpec) -> None:
     """Structure checks (values are checked by RunConfig when the trials are built)."""
     where = spec.source or spec.name
+    _check_choices(spec, where)
+    _check_seeds(spec, where)
+    if not spec.methods:
+        raise SweepError(f"{where}: no methods; add a [[methods]] entry (or give --algorithms)")
+    _check_study_knobs(spec, where)
+    _check_method_knobs(spec, where)
+    _check_search(spec, where)
+    if spec.tune:
+        _check_tune(spec, where)
+    if spec.pretraining is not None:
+        _check_pretraining(spec, where)
+
+
+def _check_choices(spec: StudySpec, where: str) -> None:
+    """The search kind, the scheduler and the report round are ones this package knows; a margin is a fraction."""
     if spec.search not in SEARCHES:
         raise SweepError(f"{where}: search kind={spec.search!r}; choose one of {', '.join(SEARCHES)}")
     if spec.scheduler not in SCHEDULERS:
@@ -266,14 +282,20 @@ def check_spec(spec: StudySpec) -> None:
     if spec.margin is not None and not (isinstance(spec.margin, float) and 0 < spec.margin < 1):
         raise SweepError(f"{where}: margin={spec.margin!r}; the claims' margin is accuracy as a fraction in (0, 1), "
                          f"e.g. 0.01 for one percentage point")
+
+
+def _check_seeds(spec: StudySpec, where: str) -> None:
+    """num_samples is a positive integer, and the seeds are one or more distinct integers."""
     if not isinstance(spec.num_samples, int) or spec.num_samples < 1:
         raise SweepError(f"num_samples={spec.num_samples!r} must be an integer >= 1")
     if not spec.seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.seeds):
         raise SweepError(f"{where}: seeds={list(spec.seeds)!r} must be one or more integers")
     if len(set(spec.seeds)) != len(spec.seeds):
         raise SweepError(f"{where}: seeds {list(spec.seeds)} repeat a seed")
-    if not spec.methods:
-        raise SweepError(f"{where}: no methods; add a [[methods]] entry (or give --algorithms)")
+
+
+def _check_study_knobs(spec: StudySpec, where: str) -> None:
+    """Every [knobs] entry is a common knob or a knob of a method the study runs, and within its range."""
     owners = knob_owners()
     algorithms = {m.algorithm for m in spec.methods}
     for name, value in spec.knobs.items():
@@ -289,29 +311,34 @@ def check_spec(spec: StudySpec) -> None:
                              f"trial of {' or '.join(owners[name])}"
                              + (" (a knob of the pretraining goes in [pretraining])" if spec.pretraining else ""))
         _check_range(name, value, spec)
+
+
+def _check_method_knobs(spec: StudySpec, where: str) -> None:
+    """A method entry's knobs are its own (no data knobs, no ranges for an anchor), and no entry is repeated."""
     for method in spec.methods:
         for name, value in method.knobs.items():
             if name in DATA_KNOBS or name in NOT_IN_SPEC:
                 raise SweepError(f"{where}: {method.algorithm}: {name} cannot be set per method (every method sees "
                                  f"the same data; set it in [knobs])")
             if method.anchor and (isinstance(value, Range)):
-                raise SweepError(f"{where}: anchor {method.algorithm}: {name} is a search range; anchors are not searched")
+                raise SweepError(f"{where}: anchor {method.algorithm}: {name} is a search range; anchors are not "
+                                 f"searched")
             _check_range(name, value, spec)
     keys = [(m.algorithm, repr(sorted(m.knobs.items()))) for m in spec.methods]
     twice = sorted({algorithm for algorithm, knobs in keys if keys.count((algorithm, knobs)) > 1})
     if twice:
         raise SweepError(f"{where}: {', '.join(twice)} is listed twice with the same knobs (in the file, or once as "
                          f"an anchor and once in --algorithms; --anchors NAME... sets the anchors)")
+
+
+def _check_search(spec: StudySpec, where: str) -> None:
+    """An optuna search has a method to search, and a selecting study a search seed of its own."""
     if spec.search == "optuna" and not any(not m.anchor for m in spec.methods):
         raise SweepError(f"{where}: search kind = optuna needs a method that is not an anchor to search")
     if spec.selects and (not isinstance(spec.search_seed, int) or isinstance(spec.search_seed, bool)
                          or spec.search_seed in spec.seeds):
         raise SweepError(f"{where}: [search] seed = {spec.search_seed!r}: the search runs on a seed of its own, never "
                          f"reported, so it must be an integer outside the study's seeds {list(spec.seeds)}")
-    if spec.tune:
-        _check_tune(spec, where)
-    if spec.pretraining is not None:
-        _check_pretraining(spec, where)
 
 
 def tuned(spec: StudySpec, method: Method) -> bool:

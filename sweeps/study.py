@@ -124,10 +124,19 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                             + " (flags still override it; --help shows the default file's values) (default: default)")
     if study.add_arguments:
         study.add_arguments(parser)
+    _method_arguments(parser, spec)
+    _result_arguments(parser)
+    _search_arguments(parser, spec)
+    return parser
+
+
+def _method_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
+    """The compared methods, the anchors, the seeds and every knob (defaults from the study file)."""
     methods = parser.add_argument_group("methods and seeds")
     methods.add_argument("--algorithms", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="the compared (searched) methods, each with its knobs from the file where it has an "
-                              "entry (default: " + show_value([m.algorithm for m in spec.methods if not m.anchor]) + ")")
+                              "entry (default: "
+                              + show_value([m.algorithm for m in spec.methods if not m.anchor]) + ")")
     methods.add_argument("--anchors", nargs="*", default=argparse.SUPPRESS, metavar="ALGORITHM",
                          help="methods run as anchors on every data setting, epochs value and seed, to completion, "
                               "outside any search or scheduler; none: --anchors (default: "
@@ -138,8 +147,12 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
     add_run_arguments(parser, skip=NOT_FLAGS, many=_all_knobs(), defaults=spec_defaults(spec), only_given=True,
                       wrap_type=range_or_value)
 
+
+def _result_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the results go, the sweep's name, resuming and checkpoints."""
     out = parser.add_argument_group("results")
-    out.add_argument("--results", type=Path, default=Path("results"), help="results folder (all sweeps) (default: results)")
+    out.add_argument("--results", type=Path, default=Path("results"),
+                     help="results folder (all sweeps) (default: results)")
     out.add_argument("--name", default=None,
                      help="sweep name (default: <study>-<date>-<time>); with --resume, the sweep to continue")
     out.add_argument("--tracking-uri", default=None,
@@ -154,6 +167,9 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                      help="checkpoint the simulation every k rounds (default: 1)")
     out.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Tune verbosity (default: 1)")
 
+
+def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
+    """Resources, the search and the scheduler, the reported round and the kernels."""
     run = parser.add_argument_group("resources and search")
     run.add_argument("--cpus-per-trial", type=float, default=1.0,
                      help="CPUs per trial; torch uses that many threads (default: 1)")
@@ -190,7 +206,6 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                           "which pins them so that any x86-64 CPU with AVX2 gives the same numbers; the trials' "
                           "column `kernels` says which ran (default: reproducible)")
     run.add_argument("--inject-crash-at-round", type=int, default=None, help=argparse.SUPPRESS)  # test hook
-    return parser
 
 
 def _all_knobs() -> tuple[str, ...]:

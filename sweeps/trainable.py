@@ -120,7 +120,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     `report_round` "best_val" / "best_val_global": the objective is the validation accuracy of the
     round the trial would report so far (`_selection`), else the latest."""
     logging.getLogger("ray").setLevel(logging.WARNING)
-    kernel_line = kernels.require(reproducible)
+    kernels_used = kernels.require(reproducible)
     started_at = time.time()
     folder = Path(sweep_dir)
     use_cuda = resources.gpus > 0 and torch.cuda.is_available()
@@ -130,21 +130,10 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     hands_on = config.get("trial", config).get("stage") == "pretrain"  # writes its final model
     ref = data_refs.get(run.data_key())
     data: FederatedData = ray.get(ref) if ref is not None else load_data(run)
-    sim = Simulation(run, data)
     key = run.config_hash()
     saved = state_path(folder, key)
     context = {"sweep": sweep, "trial_id": tune.get_context().get_trial_id()}
-
-    progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "selection": math.nan, "last_report": None}
-    if saved.exists():
-        try:
-            progress = sim.restore(saved)
-        except Exception as err:  # noqa: BLE001 - a damaged file fails in torch's reader or in unpickling
-            aside = damage.move_aside(folder, damage.trial_files(folder, key), time.strftime("%Y%m%d-%H%M%S"))
-            logging.getLogger(__name__).warning("trial %s: its state %s cannot be restored (%s: %s); its files are "
-                                                "set aside under %s and it runs again from round 1", key, saved,
-                                                type(err).__name__, str(err)[:160], aside)
-            sim = Simulation(run, data)
+    sim, progress = _restored(run, data, folder, saved)
     if not saved.exists():
         parquet_sink.write_clients(folder, key, client_rows(sim.data, run, **context))
     if sim.completed == run.rounds:  # finished before an interruption: repair, report it again
@@ -157,23 +146,14 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
                   "gpus_assigned": float(len(ray.get_gpu_ids())), "device": str(sim.device),
                   "threads": float(torch.get_num_threads()), "config_hash": key, "data_from_driver": ref is not None,
                   "node_id": ray.get_runtime_context().get_node_id(),  # the Ray node the trial ran on (last run)
-                  "kernels": kernel_line, "cpu_isa": kernels.machine_isa(), "chance": 1.0 / data.num_classes}
+                  "kernels": kernels_used, "cpu_isa": kernels.machine_isa(), "chance": 1.0 / data.num_classes}
     selected_on = objective_of(run)
     stop_after = config.get("trial", config).get("stop_after")  # a repair run: to the round Tune saw last
     for result in sim.run():
         rows = pd.DataFrame(round_rows(result, run, sim.model_name, **context))
         parquet_sink.write_round(folder, key, result.round, rows)
-        summary = summarize_round(rows, progress["mb_total"])
-        accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
-        selection, chosen_by = _selection(progress, summary, selected_on, report_round)
         done = result.round == run.rounds
-        lost = _lost(progress, rows)
-        diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
-        report = {"round": result.round, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
-                  "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
-        progress = {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
-                    "chosen_by": chosen_by, "last_report": report, "lost": lost, "trained_clients": _trained(progress, rows),
-                    "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
+        report, progress = _reported(progress, rows, result.round, done, provenance, (selected_on, report_round))
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)
             _finish(folder, sim, hands_on)
@@ -184,6 +164,41 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
             _crash_once(folder, key, result.round)
         if stop_after is not None and result.round >= stop_after and not done:
             return
+
+
+def _reported(progress: dict[str, Any], rows: pd.DataFrame, rnd: int, done: bool, provenance: dict[str, Any],
+              selection_rule: tuple[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Round `rnd`'s report to Tune and the trial's progress after it (what a resume continues
+    from): the mean accuracy, the objective the search selects on, and whether the run diverged."""
+    summary = summarize_round(rows, progress["mb_total"])
+    accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
+    selection, chosen_by = _selection(progress, summary, *selection_rule)
+    lost = _lost(progress, rows)
+    diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
+    report = {"round": rnd, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
+              "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
+    return report, {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
+                    "chosen_by": chosen_by, "last_report": report, "lost": lost,
+                    "trained_clients": _trained(progress, rows),
+                    "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
+
+
+def _restored(run, data: FederatedData, folder: Path, saved: Path) -> tuple[Simulation, dict[str, Any]]:
+    """The trial's simulation and progress, from its saved state where it has one; a state that
+    cannot be restored is set aside with the trial's files, and the trial runs again from round 1."""
+    sim = Simulation(run, data)
+    progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "selection": math.nan, "last_report": None}
+    if not saved.exists():
+        return sim, progress
+    key = run.config_hash()
+    try:
+        return sim, sim.restore(saved)
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in torch's reader or in unpickling
+        aside = damage.move_aside(folder, damage.trial_files(folder, key), time.strftime("%Y%m%d-%H%M%S"))
+        logging.getLogger(__name__).warning("trial %s: its state %s cannot be restored (%s: %s); its files are "
+                                            "set aside under %s and it runs again from round 1", key, saved,
+                                            type(err).__name__, str(err)[:160], aside)
+        return Simulation(run, data), progress
 
 
 def _finish(folder: Path, sim: Simulation, hands_on: bool = False) -> None:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from sweeps.parquet_sink import read_rounds
 
-from analysis.load import row_config
+from fl_core.config import config_from_row
 from fl_core.simulation import Simulation
 
 # 3 clients on the synthetic source, a few rounds: each trial takes about a second of compute.
@@ -50,7 +50,8 @@ def check_staged(folder, rounds: int, samples: int, anchors: int = 2 * 2, search
         for again in confirm[confirm.setting == setting].itertuples():
             assert (again.pers_rate, again.pers_limit) == (best.pers_rate, best.pers_limit)
     rows = read_rounds(folder)
-    assert len(rows) == int(trials.rounds_done.sum()) * 3 and not rows.duplicated(["config_hash", "round", "client"]).any()
+    assert (len(rows) == int(trials.rounds_done.sum()) * 3
+            and not rows.duplicated(["config_hash", "round", "client"]).any())
     assert {p.name for p in folder.glob("tune-*")} == {"tune-anchors", "tune-select-0", "tune-select-1", "tune-confirm"}
     assert (folder / "tables" / "search_best.tex").exists() and (folder / "figures" / "search_history.png").exists()
     return trials
@@ -66,7 +67,7 @@ def direct_final_rows(trials: pd.DataFrame) -> pd.DataFrame:
     Each trial's config is rebuilt from its trials.parquet row and must hash as the row says."""
     rows = []
     for _, row in trials.iterrows():
-        config = row_config(row).replace(threads=1)
+        config = config_from_row(row).replace(threads=1)
         assert config.config_hash() == row["config_hash"]
         final = list(Simulation(config).run())[-1]
         rows += [{"config_hash": row["config_hash"]} | r for r in final.rows()]
@@ -111,7 +112,8 @@ def write_v1_sweep(folder: Path, with_trials: bool = True) -> pd.DataFrame:
         for rnd in (1, 2):
             rows = [knobs | {"config_hash": key, "sweep": folder.name, "trial_id": f"t{n}", "round": rnd, "client": k,
                              "acc": acc - 0.1 * (rnd == 1), "acc_local": acc, "acc_global": acc - 0.2, "loss": 0.5,
-                             "n_train": 40, "n_test": 10 + k, "personal_fraction": 0.2 * rnd * (algorithm == "fedselect"),
+                             "n_train": 40, "n_test": 10 + k,
+                             "personal_fraction": 0.2 * rnd * (algorithm == "fedselect"),
                              "bytes_up": 1000, "bytes_down": 1000, "seconds": 0.1, "round_seconds": 0.3}
                     for k, acc in enumerate(final)]
             path = folder / "rounds" / f"{key}-r{rnd:04d}.parquet"

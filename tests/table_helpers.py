@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.load import trials_from_rounds
+from fl_core.result_files import trials_from_rounds
 from sweep_helpers import V1_KNOBS
 from sweeps import parquet_sink
 
@@ -66,9 +66,15 @@ def write_sweep(folder, stopped=None, rounds=5, with_trials=True, acc=None):
 # What the methods table of the finished `write_sweep` prints without its per-client rows (2 seeds:
 # no paired test, bold as printed); unchanged by the marking of unfinished trials (the last
 # sentence, the models evaluated, came later).
-FINISHED_LATEX = r"""\begin{table}
+FINISHED_LATEX = (r"""\begin{table}
 \centering
-\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds (1--2 in common): no test and no mark, as a test over so few seeds has too little power and the clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ = 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
+\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell """
+                  r"unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly "
+                  r"better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. "
+                  r"Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds "
+                  r"(1--2 in common): no test and no mark, as a test over so few seeds has too little power and the "
+                  r"clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ "
+                  r"""= 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
 \label{tab:methods}
 \begin{tabular}{lc}
 \toprule
@@ -80,4 +86,4 @@ Local & 70.0 (n=1) \\
 \bottomrule
 \end{tabular}
 \end{table}
-"""
+""")

@@ -68,18 +68,19 @@ def test_the_bytes_count_the_statistics_both_ways():
     rows = [sim.run_round().clients for sim in sims]
     stats = sum(t.numel() for n, t in sims[0].clients[0].state.items() if n.endswith(("_mean", "_var")))
     assert stats > 0
-    for g, l in zip(*rows):
-        assert (g.bytes_up - l.bytes_up, g.bytes_down - l.bytes_down) == (stats * BYTES_PER_ENTRY,) * 2
+    for glob, loc in zip(*rows):
+        assert (glob.bytes_up - loc.bytes_up, glob.bytes_down - loc.bytes_down) == (stats * BYTES_PER_ENTRY,) * 2
 
 
 def test_a_client_that_missed_broadcasts_downloads_the_statistics_too():
-    runs = {b: Simulation(tiny(algorithm="fedavg", participation=0.5, bn_stats=b, **BN_RUN)) for b in ("global", "local")}
+    runs = {b: Simulation(tiny(algorithm="fedavg", participation=0.5, bn_stats=b, **BN_RUN))
+            for b in ("global", "local")}
     rows = {b: [sim.run_round().clients for _ in range(2)][1] for b, sim in runs.items()}
     extra = runs["global"].algorithm.statistics_bytes()
     assert extra > 0 and runs["local"].algorithm.statistics_bytes() == 0
-    for g, l in zip(rows["global"], rows["local"]):
-        assert g.bytes_down - l.bytes_down in (0, extra, 2 * extra)  # a download, a broadcast, or both
-    assert any(g.bytes_down - l.bytes_down == 2 * extra for g, l in zip(rows["global"], rows["local"]))
+    for glob, loc in zip(rows["global"], rows["local"]):
+        assert glob.bytes_down - loc.bytes_down in (0, extra, 2 * extra)  # a download, a broadcast, or both
+    assert any(glob.bytes_down - loc.bytes_down == 2 * extra for glob, loc in zip(rows["global"], rows["local"]))
 
 
 def test_a_client_that_missed_broadcasts_is_scored_with_the_servers_statistics():
@@ -109,7 +110,8 @@ def test_the_hash_moves_only_where_the_statistics_are_averaged():
         return RunConfig(algorithm=k.pop("algorithm"), dataset="digits", **k).config_hash()
     # before the knob every method kept them local: those hashes stay
     assert h(algorithm="fedavg", model="lenet_bn", bn_stats="local") == "ef9b51b3e2d4"  # main at d1937da
-    assert h(algorithm="fedavg", model="lenet") == h(algorithm="fedavg", model="lenet", bn_stats="local") == "be0fecb20690"
+    assert (h(algorithm="fedavg", model="lenet") == h(algorithm="fedavg", model="lenet", bn_stats="local")
+            == "be0fecb20690")
     assert h(algorithm="fedbn", model="lenet_bn") == "526de6a2c02f"
     # FedAvg's default now averages them on a BatchNorm model: a new hash, never an old result
     assert h(algorithm="fedavg", model="lenet_bn") == h(algorithm="fedavg", model="lenet_bn", bn_stats="global")

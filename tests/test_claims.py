@@ -78,7 +78,8 @@ def test_a_row_names_its_source_the_scale_it_ran_at_and_what_differs_from_the_pa
     page = to_markdown(pd.DataFrame([row]))
     assert "| Source |" in page and "| FedSelect (CVPR 2024), Table 1 |" in page and row["differs"] in page
     assert all(c.source for c in CLAIMS)  # every claim says where it is made
-    assert next(c for c in CLAIMS if c.reference == "D-PSGD").source.startswith("DisPFL (Dai et al., ICML 2022), not in our copy")
+    assert next(c for c in CLAIMS if c.reference == "D-PSGD").source.startswith(
+        "DisPFL (Dai et al., ICML 2022), not in our copy")
 
 
 def test_inconclusive_prints_the_difference_the_seeds_could_have_detected(tmp_path):
@@ -132,7 +133,8 @@ def test_a_diverged_seed_is_left_out_and_said(tmp_path):
     trials.to_parquet(folder / "trials.parquet", index=False)
     row = check_claims([folder], [superiority()]).iloc[0]
     assert row["seeds"] == 5 and row["verdict"] == HOLDS
-    assert row["ours"] == f"{100 * (BASE + BETTER).mean():.1f} vs {100 * BASE.mean():.1f}; A: 1 of 6 seeds diverged (left out)"
+    assert row["ours"] == (f"{100 * (BASE + BETTER).mean():.1f} vs {100 * BASE.mean():.1f}; A: 1 of 6 seeds diverged "
+                           f"(left out)")
 
 
 def test_fewer_than_five_common_seeds_is_inconclusive_without_a_test(tmp_path):

@@ -88,7 +88,8 @@ def test_model_width_builds_a_wider_small_cnn_and_is_checked_before_work():
     assert [c.out_channels for c in convs] == [12, 32]  # LeNet's 6 and 16, doubled
     assert sim.trainer.model.head.in_features == 168
     assert RunConfig(algorithm="fedavg").config_hash() == RunConfig(algorithm="fedavg", model_width=1.0).config_hash()
-    with pytest.raises(ConfigError, match=r"model_width=2 needs a model with a width \(lenet, cnn2, cnn_bn, lenet_bn\)"):
+    with pytest.raises(ConfigError,
+                       match=r"model_width=2 needs a model with a width \(lenet, cnn2, cnn_bn, lenet_bn\)"):
         RunConfig(algorithm="fedavg", model="resnet18", model_width=2.0)
     with pytest.raises(ConfigError, match="model_width=5"):
         RunConfig(algorithm="fedavg", model="lenet", model_width=5.0)

@@ -131,7 +131,8 @@ def test_fednova_lr_form_scales_each_devices_lr_by_tau_eff_over_a_and_averages_p
     assert [c.metrics["nova_a"] for c in sorted(result.clients, key=lambda c: c.client)] == pytest.approx([2.9, 9.049])
     lr = sim.config.lr
     assert seen["lr"][0] == pytest.approx(lr * 5.9745 / 2.9) and seen["lr"][0] / lr == pytest.approx(2.06017, abs=1e-5)
-    assert seen["lr"][1] == pytest.approx(lr * 5.9745 / 9.049) and seen["lr"][1] / lr == pytest.approx(0.66024, abs=1e-5)
+    assert (seen["lr"][1] == pytest.approx(lr * 5.9745 / 9.049)
+            and seen["lr"][1] / lr == pytest.approx(0.66024, abs=1e-5))
     for n in algo.param_names:  # the server: the plain (uniform) average of what the devices trained
         expected = (seen["trained"][0][n] + seen["trained"][1][n]) / 2
         assert torch.allclose(algo.global_state[n], expected, rtol=0, atol=1e-7), n

@@ -10,7 +10,7 @@ from conftest import tiny
 from fl_core.simulation import Simulation
 from fl_core.sparse import anneal_rate, layer_densities, permutation, prune_count, prune_smallest, random_masks, regrow
 from fl_core.topology import active_clients, neighbours
-from fl_core.training import LocalTrainer, SGDSettings
+from fl_core.training import ClipGradNorm, LocalTrainer, SGDSettings
 
 
 def params_of(sim, k):
@@ -22,7 +22,8 @@ def test_dense_full_topology_is_fedavg_bit_for_bit(algorithm):
     knobs = dict(topology="full", num_clients=4, rounds=3)
     if algorithm == "dispfl":
         knobs |= dict(density=1.0, max_grad_norm=None)
-    ours, fedavg = Simulation(tiny(algorithm=algorithm, **knobs)), Simulation(tiny(algorithm="fedavg", num_clients=4, rounds=3))
+    ours, fedavg = (Simulation(tiny(algorithm=algorithm, **knobs)),
+                    Simulation(tiny(algorithm="fedavg", num_clients=4, rounds=3)))
     for a, b in zip(ours.run(), fedavg.run()):
         for k in range(4):  # every client holds FedAvg's broadcast model
             for n, t in params_of(fedavg, k).items():
@@ -114,7 +115,8 @@ def test_prune_and_regrow_by_selection_choose_what_a_stable_sort_chooses_ties_an
         pruned = torch.rand(shape, generator=g) < 0.4
         count = int(torch.randint(0, weight.numel() + 2, (1,), generator=g))
         assert torch.equal(prune_smallest(weight, pruned, count), sorted_prune(weight, pruned, count)), trial
-        assert torch.equal(regrow(pruned, count, torch.Generator(), scores), sorted_regrow(pruned, count, scores)), trial
+        assert torch.equal(regrow(pruned, count, torch.Generator(), scores),
+                           sorted_regrow(pruned, count, scores)), trial
 
 
 def test_prune_and_regrow_of_large_tensors_choose_what_a_stable_sort_chooses():
@@ -129,11 +131,13 @@ def test_prune_and_regrow_of_large_tensors_choose_what_a_stable_sort_chooses():
         pruned = torch.rand(shape, generator=g) < 0.5
         count = [1, 17, 5000, 40000, int((~pruned).sum()), int((~pruned).sum()) - 1][trial]
         assert torch.equal(prune_smallest(weight, pruned, count), sorted_prune(weight, pruned, count)), trial
-        assert torch.equal(regrow(pruned, count, torch.Generator(), scores), sorted_regrow(pruned, count, scores)), trial
+        assert torch.equal(regrow(pruned, count, torch.Generator(), scores),
+                           sorted_regrow(pruned, count, scores)), trial
         at_random = regrow(pruned, count, torch.Generator().manual_seed(trial))
         candidates = torch.nonzero(pruned.reshape(-1)).reshape(-1)  # the torch definition of the random draw
         expected = pruned.reshape(-1).clone()
-        expected[candidates[torch.randperm(len(candidates), generator=torch.Generator().manual_seed(trial))[:count]]] = False
+        expected[candidates[torch.randperm(len(candidates),
+                                           generator=torch.Generator().manual_seed(trial))[:count]]] = False
         assert torch.equal(at_random, expected.reshape(shape)), trial
 
 
@@ -181,7 +185,8 @@ def test_traffic_is_active_entries_plus_mask_bits_per_pull():
                           static_masks=True))
     algo = sim.algorithm
     graph = algo.neighbours(1, algo.participants(1))
-    sent = [algo.sent_entries(c) * 4 + sum(math.ceil(t.numel() / 8) for n, t in c.state.items() if n in algo.param_names)
+    sent = [algo.sent_entries(c) * 4
+            + sum(math.ceil(t.numel() / 8) for n, t in c.state.items() if n in algo.param_names)
             for c in sim.clients]
     result = next(sim.run())
     for k, c in enumerate(result.clients):
@@ -196,7 +201,7 @@ def test_gradient_clip_bounds_the_step():
     trainer = LocalTrainer(model, SGDSettings(lr=1.0, batch_size=8, momentum=0.0, weight_decay=0.0))
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     x, y = torch.randn(8, 3) * 100, torch.randint(0, 2, (8,))
-    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in state}, seed=0, max_grad_norm=0.01)
+    new, _, _ = trainer.train_pass(state, x, y, {n: None for n in state}, seed=0, corrections=[ClipGradNorm(0.01)])
     step = torch.linalg.vector_norm(torch.cat([(new[n] - state[n]).reshape(-1) for n in state]))
     assert step == pytest.approx(0.01, rel=1e-3)
 

@@ -13,7 +13,7 @@ import torch
 from fl_core.algorithms.base import BYTES_PER_ENTRY, LocalStats
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
-from fl_core.training import derive_seed
+from fl_core.training import Proximal, derive_seed
 
 from conftest import restore_mid_run, tiny
 
@@ -39,7 +39,8 @@ def test_ditto_with_lambda_zero_trains_exactly_the_local_models():
         for name, t in cl.state.items():
             assert torch.equal(personal[name], t), name
     # ... while the global part still communicates and differs from the personal model.
-    assert any(not torch.equal(c.state[n], c.extra["personal"][n]) for c in ditto.clients for n in ditto.algorithm.param_names)
+    assert any(not torch.equal(c.state[n], c.extra["personal"][n])
+               for c in ditto.clients for n in ditto.algorithm.param_names)
 
 
 def test_ditto_lambda_pulls_the_personal_model_toward_the_global_model():
@@ -78,7 +79,8 @@ def test_ditto_personal_objective_is_anchored_at_the_global_model_received_this_
         v = personal[k]
         for epoch in range(2):
             seed = derive_seed(sim.config.seed, 2, k, epoch, "global")
-            v, _, _ = trainer.train_pass(v, d.x_train, d.y_train, algo.full_update(), seed, prox=(lam, received[k]))
+            v, _, _ = trainer.train_pass(v, d.x_train, d.y_train, algo.full_update(), seed,
+                                         corrections=[Proximal(lam, received[k])])
         for n, t in v.items():
             assert torch.equal(c.extra["personal"][n], t), (k, n)
 

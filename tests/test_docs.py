@@ -110,7 +110,8 @@ def test_reproduce_check_names_every_difference(tmp_path):
     problems = reproduce.check(fresh, committed)
     assert problems[0] == f"{committed / 'convergence.md'} is not committed"
     assert "-old" in problems[1] and "+new" in problems[1]   # grid.md: other lines, a diff
-    assert problems[2:4] == ["methods.md: row 'FedAvg', column 'Dir(0.1)': committed 29.2 ± 8.9, regenerated 29.2 ± 9.1",
+    assert problems[2:4] == ["methods.md: row 'FedAvg', column 'Dir(0.1)': committed 29.2 ± 8.9, regenerated "
+                             "29.2 ± 9.1",
                              "methods.md: the line 'Caption.'... now reads 'Other.'..."]
     assert problems[4:] == [f"{committed / 'limit.md'} was not regenerated"]
 

@@ -127,7 +127,8 @@ def test_build_federated_data_gives_each_client_its_domain_and_records_the_domai
 
 def test_domain_settings_have_their_own_labels():
     from fl_core.results import setting_label
-    assert setting_label({"dataset": "mnist_c", "partition": "domain", "dir_alpha": 0.5}) == "mnist_c, a client per domain"
+    assert setting_label({"dataset": "mnist_c", "partition": "domain", "dir_alpha": 0.5}) == \
+        "mnist_c, a client per domain"
     assert setting_label({"dataset": "mnist_c", "partition": "domain_dirichlet", "dir_alpha": 0.1}) == \
         "mnist_c, Dir(0.1) per domain"
 

@@ -248,7 +248,8 @@ def test_learning_rate_schedules_per_round(monkeypatch):
     sim = Simulation(tiny(algorithm="fedavg", rounds=4, lr=0.1, lr_schedule="multistep", lr_decay=0.5,
                           lr_milestones="2,4"))
     original = sim.trainer.train_pass
-    monkeypatch.setattr(sim.trainer, "train_pass", lambda *a, **kw: (seen.append(kw.get("lr", 0.1)), original(*a, **kw))[1])
+    monkeypatch.setattr(sim.trainer, "train_pass",
+                        lambda *a, **kw: (seen.append(kw.get("lr", 0.1)), original(*a, **kw))[1])
     results = list(sim.run())
     per_round = [seen[i * 4] for i in range(4)]  # 4 clients, one pass each per round
     assert per_round == pytest.approx([0.1, 0.05, 0.05, 0.025])
@@ -289,7 +290,8 @@ def test_dense_gradients_on_request_change_nothing():
     sim = Simulation(tiny(algorithm="fedavg", rounds=1))
     trainer, d, state = sim.trainer, sim.data.clients[0], sim.clients[0].state
     before = {n: t.clone() for n, t in state.items()}
-    head = [n for n in trainer.params if n.startswith("classifier") or n.startswith("fc")][-2:] or list(trainer.params)[-2:]
+    head = ([n for n in trainer.params if n.startswith("classifier") or n.startswith("fc")][-2:]
+            or list(trainer.params)[-2:])
     grads = trainer.gradients(state, d.x_train[:16], d.y_train[:16], names=head)
     assert set(grads) == set(head)
     model = trainer.model

@@ -39,9 +39,9 @@ def test_feature_shift_study_runs_every_method_on_both_domain_partitions(ray_clu
 
 @pytest.mark.skipif(not (SHARED_DATA / "MNIST" / "raw").is_dir(), reason="real MNIST not here")
 def test_a_short_fedselect_run_on_mnist_c_learns():
-    config = RunConfig(algorithm="fedselect", dataset="mnist_c", data_root=str(SHARED_DATA), partition="domain_dirichlet",
-                       num_clients=8, dir_alpha=0.5, samples_per_client=200, model="lenet_bn", rounds=4,
-                       local_epochs=2, lr=0.05, threads=1)
+    config = RunConfig(algorithm="fedselect", dataset="mnist_c", data_root=str(SHARED_DATA),
+                       partition="domain_dirichlet", num_clients=8, dir_alpha=0.5, samples_per_client=200,
+                       model="lenet_bn", rounds=4, local_epochs=2, lr=0.05, threads=1)
     results = list(Simulation(config).run())
     first, last = results[0].mean("acc"), results[-1].mean("acc")
     assert last > 0.6 and last > first + 0.05, (first, last)  # chance is 0.1

@@ -143,7 +143,8 @@ def test_a_tensor_at_rate_zero_is_bit_identical_after_fine_tuning(pretrained):
         nets.lrnet.net[-1].bias.copy_(torch.tensor([-1.0 if i % 2 else 1.0 for i in range(len(nets.tensor_names))]))
     learner.algorithm.meta_state = learner.algorithm.lambda_state()
     metrics_ = learner.algorithm.evaluation_metrics(0, learner.clients[0], learner.data.clients[0])
-    assert metrics_["sparsity"] == pytest.approx(sum(i % 2 for i in range(len(nets.tensor_names))) / len(nets.tensor_names))
+    assert metrics_["sparsity"] == pytest.approx(sum(i % 2 for i in range(len(nets.tensor_names)))
+                                                 / len(nets.tensor_names))
     assert all(metrics_[f"eta:{n}"] == 0.0 for i, n in enumerate(nets.tensor_names) if i % 2)
 
 
@@ -163,7 +164,8 @@ def test_the_server_averages_the_meta_nets_by_training_samples_and_sends_only_th
         assert torch.allclose(algo.meta_state[n], by_hand, rtol=0, atol=1e-7), n
     numel = sum(t.numel() for t in start.values())
     assert traffic.up == traffic.down == [4 * numel] * 4
-    # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with resnet18_cifar it is 38,944 entries, 0.35 % of the model)
+    # (here λ, with its 100-unit hidden layers, is larger than the tiny LeNet it tunes; with resnet18_cifar it is
+    # 38,944 entries, 0.35 % of the model)
 
 
 def test_the_papers_rule_keeps_the_lambda_of_the_round_with_the_lowest_mean_loss_and_patience_stops(pretrained):
@@ -290,7 +292,8 @@ def test_unseen_clients_never_meta_train_and_are_scored_with_the_kept_lambda(pre
 def test_stage_two_refuses_a_missing_or_mismatched_checkpoint(pretrained, tmp_path):
     config, folder = pretrained
     missing = stage2(pretrained, "ft", pretrained="0123456789ab")
-    with pytest.raises(ConfigError, match=r"pretrained=0123456789ab: no checkpoint .*0123456789ab\.pt; run the pretraining"):
+    with pytest.raises(ConfigError,
+                       match=r"pretrained=0123456789ab: no checkpoint .*0123456789ab\.pt; run the pretraining"):
         Simulation(missing)
     other_seed = stage2(pretrained, "ft", seed=1)  # the seed-0 pretraining is another data draw
     with pytest.raises(ConfigError, match=r"trained on other data \(seed=0 there, 1 here\)"):

@@ -125,7 +125,8 @@ def test_the_learned_lambda_is_compared_with_the_initial_one_per_pool_by_a_paire
     last = rows["round"].eq(3) & rows["algorithm"].eq("fedl2p")
     # seed 0: learned 1, 1, 2, 2 against initial 2, 2, 2, 2; seed 1: learned 1.25 everywhere, initial 2
     learned = {0: {0: 1.0, 1: 1.0, 2: 2.0, 3: 2.0, 9: 5.0}, 1: {0: 1.25, 1: 1.25, 2: 1.25, 3: 1.25, 9: 3.0}}
-    rows.loc[last, "val_loss_learned"] = [learned[s][c] for s, c in zip(rows.loc[last, "seed"], rows.loc[last, "client"])]
+    rows.loc[last, "val_loss_learned"] = [learned[s][c]
+                                          for s, c in zip(rows.loc[last, "seed"], rows.loc[last, "client"])]
     rows.loc[last, "val_loss_init"] = [2.0 if c != 9 else 4.0 for c in rows.loc[last, "client"]]
     summary = gain_summary(rows).set_index("pool")
     # seen, weighted by n_train 1, 3, 2, 2: seed 0 (1 + 3 + 4 + 4) / 8 = 1.5, seed 1 1.25; initial 2 in both

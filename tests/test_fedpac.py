@@ -206,7 +206,8 @@ def test_head_phase_keeps_the_body_and_body_phase_keeps_the_head():
     assert [(p, e) for p, e, *_ in calls] == [("head", 1), ("body", sim.config.local_epochs)] * 8
     assert [a for p, _, a, *_ in calls if p == "body"] == [False] * 4 + [True] * 4  # alignment from round 2
     for purpose, _, _, before, after in calls:
-        frozen, trained = (algo.body_names, algo.head_names) if purpose == "head" else (algo.head_names, algo.body_names)
+        frozen, trained = ((algo.body_names, algo.head_names) if purpose == "head" else
+                           (algo.head_names, algo.body_names))
         assert all(torch.equal(before[n], after[n]) for n in frozen)
         assert any(not torch.equal(before[n], after[n]) for n in trained)
 

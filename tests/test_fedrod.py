@@ -80,7 +80,8 @@ def test_the_p_head_is_never_averaged_and_the_body_and_g_head_are_the_servers():
         assert float(c.state["personal"]) == 0.0  # the held state predicts generically
     for i in range(4):
         for j in range(i + 1, 4):
-            assert not torch.equal(sim.clients[i].state["personal_head.weight"], sim.clients[j].state["personal_head.weight"])
+            assert not torch.equal(sim.clients[i].state["personal_head.weight"],
+                                   sim.clients[j].state["personal_head.weight"])
     assert all(not g[n].any() for n in P_NAMES)  # the server's copy is still the zero initialisation
 
 

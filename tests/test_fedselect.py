@@ -43,7 +43,8 @@ def grow_once(variant: str, k: int):
     before_state = {n: t.clone() for n, t in client.state.items()}
     before_mask = {n: m.clone() for n, m in client.mask.items()}
     algo.local_update(k, client, data, rnd=2)
-    grown = PackedMask.from_dict(client.extra["next_mask"])  # round 3's mask; round 2 trained and sends with the old one
+    # round 3's mask; round 2 trained and sends with the old one
+    grown = PackedMask.from_dict(client.extra["next_mask"])
     for name in algo.selectable:
         delta = (client.state[name] - before_state[name]).abs()
         new = grown[name] & ~before_mask[name]
@@ -72,7 +73,8 @@ def test_round_t_averages_and_broadcasts_under_the_mask_it_trained_with():
     for name in algo.selectable:
         stacked = torch.stack([b[name] for b in before])
         glob = (~torch.stack([m[name] for m in trained_with])).float()
-        expected = torch.where(glob.sum(0) > 0, (stacked * glob).sum(0) / glob.sum(0).clamp_min(1), algo.global_state[name])
+        expected = torch.where(glob.sum(0) > 0, (stacked * glob).sum(0) / glob.sum(0).clamp_min(1),
+                               algo.global_state[name])
         assert torch.allclose(algo.global_state[name], expected, atol=1e-6)
         for k, c in enumerate(sim.clients):
             m = trained_with[k][name]
@@ -94,7 +96,8 @@ def test_p_or_alpha_zero_is_exactly_fedavg(knob, clients):
     fedsel = Simulation(tiny(rounds=3, num_clients=clients, **knob))
     for a, b in zip(fedavg.run(), fedsel.run()):
         for ca, cb in zip(a.clients, b.clients):
-            assert (ca.acc_local, ca.acc_global, ca.loss, ca.bytes_up) == (cb.acc_local, cb.acc_global, cb.loss, cb.bytes_up)
+            assert ((ca.acc_local, ca.acc_global, ca.loss, ca.bytes_up)
+                    == (cb.acc_local, cb.acc_global, cb.loss, cb.bytes_up))
             assert cb.personal_fraction == 0.0
     for ca, cb in zip(fedavg.clients, fedsel.clients):
         for name, t in ca.state.items():
@@ -137,7 +140,10 @@ def test_faithful_mode_reproduces_the_reference_masks_round_by_round(p, alpha, e
     rounds = 6
     sim = Simulation(tiny(fedselect_mode="faithful", mask_every=every, pers_rate=p, pers_limit=alpha, rounds=rounds))
     algo = sim.algorithm
-    numpy = lambda d: {n: t.detach().cpu().numpy().copy() for n, t in d.items() if n in algo.selectable}
+
+    def numpy(d):
+        return {n: t.detach().cpu().numpy().copy() for n, t in d.items() if n in algo.selectable}
+
     trained = {}  # (round, client) -> state after local training, before the broadcast
     update = algo.local_update
 

@@ -105,7 +105,8 @@ def test_the_pfl_baselines_preset_runs_every_new_method_beside_the_anchors_on_on
     methods = {"fedavg", "fedavg_ft", "local", "perfedavg_fo", "perfedavg_hf", "pfedme", "apfl", "fedfomo", "pfedhn",
                "fedrod", "fedala", "scaffold", "moon"}
     assert {c.algorithm for c in plan.configs} == methods and len(plan.configs) == 3 * len(methods)
-    assert {(c.dataset, c.partition, c.dir_alpha, c.val_fraction) for c in plan.configs} == {("fmnist", "dirichlet", 0.3, 0.2)}
+    assert ({(c.dataset, c.partition, c.dir_alpha, c.val_fraction) for c in plan.configs}
+            == {("fmnist", "dirichlet", 0.3, 0.2)})
     assert len({c.data_key() for c in plan.configs}) == 3  # one client split per seed, shared by all methods
     assert {c.lr for c in plan.configs if c.algorithm == "pfedme"} == {0.05}  # lr·λ = 0.75 < 1
 

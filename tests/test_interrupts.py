@@ -27,7 +27,7 @@ from sweeps.asha import rungs_path
 from sweeps.fedselect_grid import STUDY
 from sweeps.folder import SWEEP_FORMAT, sweep_folder
 from sweeps.interrupts import Interrupted, Interrupts, exit_code
-from sweeps.launch import restore_quietly
+from sweeps.tune_record import restore_quietly
 from sweeps.parquet_sink import read_rounds
 from sweeps.study import build_parser, plan_sweep, run_study
 from sweeps.trials import trials_table
@@ -480,7 +480,7 @@ def test_sigint_once_a_stages_tuner_exists_before_tune_ran_then_resume_starts_it
 
 def test_a_tune_record_of_no_trial_is_not_restored(tmp_path):
     """`names_a_trial`: Tune's newest experiment state (the one its restore reads) must name a trial."""
-    from sweeps.launch import names_a_trial
+    from sweeps.tune_record import names_a_trial
 
     record = tmp_path / "tune"
     record.mkdir()
@@ -522,7 +522,8 @@ def test_asha_rungs_survive_a_restore_and_it_stops_what_an_uninterrupted_run_sto
     results = [(k, rnd, rng.random() + 0.05 * rnd) for k in range(8) for rnd in range(1, 9)]
     cut = 4 * 8 + 3  # the driver stops while the fifth trial is in round 3
     outcomes = {}
-    for name, make in [("ours", lambda: ResumableASHA(tmp_path / "rungs.json", **knobs)), ("ray", lambda: ASHAScheduler(**knobs))]:
+    for name, make in [("ours", lambda: ResumableASHA(tmp_path / "rungs.json", **knobs)),
+                       ("ray", lambda: ASHAScheduler(**knobs))]:
         straight = make()
         for trial in trials:
             straight.on_trial_add(None, trial)

@@ -105,5 +105,6 @@ def test_a_local_sweep_listens_on_loopback_only(tmp_path, tmp_path_factory):
         os.killpg(sweep.pid, signal.SIGTERM)
         sweep.wait(timeout=120)
     assert len(sockets) >= 3  # GCS, raylet, workers at least: the listing saw Ray's processes
-    exposed = [(names[pid], address, port) for pid, address, port in sockets if not is_loopback(ipaddress.ip_address(address))]
+    exposed = [(names[pid], address, port) for pid, address, port in sockets
+               if not is_loopback(ipaddress.ip_address(address))]
     assert not exposed, f"listening beyond this machine: {exposed}"

@@ -57,7 +57,8 @@ def test_sparse_states_average_by_counts_bit_for_bit(clients):
     assert torch.equal(counted[nobody], previous["w"][nobody])
     if clients > 1:  # unequal weights take the general path, with the same result
         uneven = [float(k + 1) for k in range(clients)]
-        assert torch.equal(masked_average(previous, states, [{"w": m} for m in sent], uneven, ["w"], zero_outside=True)["w"],
+        assert torch.equal(masked_average(previous, states, [{"w": m} for m in sent], uneven, ["w"],
+                                          zero_outside=True)["w"],
                            masked_average(previous, states, [{"w": m} for m in sent], uneven, ["w"])["w"])
 
 
@@ -215,7 +216,8 @@ def test_client_state_packs_masks_and_round_trips_through_torch_save(tmp_path):
 def test_as_float_and_zero_where_are_their_torch_definitions_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     values = torch.randn(70000, generator=g)
-    values[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1e-40])  # NaN, infs, zeros, a subnormal
+    # NaN, infs, zeros, a subnormal
+    values[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1e-40])
     mask = torch.rand(70000, generator=g) < 0.4
     assert torch.equal(as_float(mask), mask.to(torch.float32)) and as_float(mask, torch.float64).dtype == torch.float64
     zeroed, reference = zero_where(values, mask), values.masked_fill(mask, 0.0)

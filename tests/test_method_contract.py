@@ -8,14 +8,20 @@
   hypernetwork, a mask schedule) diverges after the resume.
 - **Partial participation.** With `participation=0.5`, two of the four clients take part in each
   round (a method that samples clients itself, D-PSGD and DisPFL with `active`, refuses
-  `participation` and runs with `active=0.5`); the rows mark exactly the clients the method sampled; a client that sits out a round has
-  no training loss (NaN), no traffic, and keeps its model and mask.
+  `participation` and runs with `active=0.5`); the rows mark exactly the clients the method sampled;
+  a client that sits out a round has no training loss (NaN), no traffic, and keeps its model and
+  mask.
 - **An unseen client.** With `unseen_clients=1` the run completes; the held-out client is in pool
   "unseen" in every round, never takes part, sends nothing, keeps its stored state, and has a
   finite accuracy after the last round (NaN before).
 - **No metric clashes.** The per-client metrics a method reports are named apart from the
   standard result columns, every knob and the rows' other columns (a clash would overwrite a
   column in the results, or hide the metric from the round summaries).
+- **Reused scores are fresh ones.** The loop scores each distinct model once: it reuses the scores
+  after local training where the communication step says it left a client's model as it was, and
+  the scores of the state just scored where the personalized model is that very state. Scoring
+  every model afresh (`Simulation.reuse_scores = False`) gives every number again, in both runs
+  above (so the newcomer's path too).
 - **A bad knob is named.** A value outside a knob's declared range or choices is a ConfigError
   naming the knob, the value and what is allowed.
 
@@ -40,7 +46,7 @@ from fl_core.knobs import base_type, describe_range, knob_fields
 from fl_core.results import CONFIG_EXTRA_COLUMNS, ROW_CONTEXT_COLUMNS, STANDARD_CLIENT_COLUMNS, known_config_columns
 from fl_core.simulation import Simulation
 
-from conftest import restore_mid_run, tiny
+from conftest import metrics, restore_mid_run, tiny
 
 PERSONALIZING = ("ft", "l2p", "fedl2p")  # they start from a pretraining's checkpoint
 OVERRIDES = {  # the smallest settings that exercise each method (its own tests use the same)
@@ -54,7 +60,9 @@ SCENARIOS = {"half": dict(rounds=3, participation=0.5), "unseen": dict(rounds=2,
 
 def known_bug(failing: dict[str, str]) -> list:
     """ALGORITHMS as parameters, those in `failing` (name -> the bug) marked as strict xfails."""
-    mark = lambda a: pytest.mark.xfail(raises=AssertionError, strict=True, reason=failing[a])
+    def mark(a):
+        return pytest.mark.xfail(raises=AssertionError, strict=True, reason=failing[a])
+
     return [pytest.param(a, marks=mark(a)) if a in failing else a for a in ALGORITHMS]
 
 
@@ -181,6 +189,32 @@ def test_an_unseen_client_never_trains_and_is_scored_after_the_last_round(algori
     assert not any(row.participated or row.bytes_up for row in mine)
     assert not any(k in changed for changed in moved)  # nothing was trained into its stored state
     assert all(math.isnan(row.acc) for row in mine[:-1]) and math.isfinite(mine[-1].acc), [row.acc for row in mine]
+
+
+# ---------------------------------------------------------------------------- reused scores
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_reused_scores_equal_fresh_ones(algorithm, scenario, runs, pretraining, monkeypatch):
+    _, reused, _ = runs(algorithm, scenario)
+    monkeypatch.setattr(Simulation, "reuse_scores", False)
+    _, fresh, _ = run_recording(config_of(algorithm, pretraining, **SCENARIOS[scenario]))
+    assert metrics(reused) == metrics(fresh)
+
+
+class SilentFedAvg(FedAvg):
+    """FedAvg claiming that its broadcast leaves the clients' models as they were (it does not)."""
+
+    broadcasts_model = False
+
+
+def test_a_method_that_misstates_what_its_broadcast_changes_fails_the_reuse_check(monkeypatch):
+    monkeypatch.setattr(simulation, "get_algorithm", lambda name: SilentFedAvg)
+    config = tiny(algorithm="fedavg", **SCENARIOS["half"])
+    reused = run_recording(config)[1]
+    monkeypatch.setattr(Simulation, "reuse_scores", False)
+    fresh = run_recording(config)[1]
+    assert metrics(reused) != metrics(fresh)
+    assert [c.acc_global for c in reused[-1].clients] == [c.acc_local for c in reused[-1].clients]
 
 
 # ---------------------------------------------------------------------------- metric names

@@ -141,8 +141,9 @@ def test_sink_tags_trials_so_the_view_filter_finds_them(tmp_path):
 
 
 def test_the_summary_points_a_server_store_at_its_own_ui_and_a_file_store_at_mlflow_ui():
-    from sweeps.launch import mlflow_ui_line
+    from sweeps.summary import mlflow_ui_line
 
-    assert mlflow_ui_line("http://127.0.0.1:5099/") == "the tracking server's UI at http://127.0.0.1:5099 (it already runs)"
+    assert mlflow_ui_line("http://127.0.0.1:5099/") == ("the tracking server's UI at http://127.0.0.1:5099 "
+                                                        "(it already runs)")
     line = mlflow_ui_line("sqlite:///results/mlflow.db")
     assert line.endswith("ui --backend-store-uri sqlite:///results/mlflow.db") and "mlflow" in line

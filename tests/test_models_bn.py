@@ -106,7 +106,8 @@ def test_init_weights_with_wrong_keys_names_them_and_the_file(tmp_path):
     state = build_model("cnn_bn", (1, 8, 8), 10).state_dict()
     state["extra.weight"] = state.pop("head.weight")
     path = _saved(tmp_path, state)
-    with pytest.raises(ConfigError, match=r"(?s)init\.pt.*missing keys \['head\.weight'\].*unexpected keys \['extra\.weight'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"(?s)init\.pt.*missing keys \['head\.weight'\].*unexpected keys \['extra\.weight'\]"):
         load_init_weights(build_model("cnn_bn", (1, 8, 8), 10), path)
     with pytest.raises(ConfigError, match="missing keys"):
         Simulation(tiny(algorithm="fedavg", model="cnn_bn", init_weights=path))

@@ -103,7 +103,8 @@ def test_round_one_contrasts_with_the_starting_model_log_2_and_trains_as_fedavg(
 
     monkeypatch.setattr(moon_module, "model_contrastive_loss", recording)
     mu = 5.0
-    fedavg, moon = Simulation(tiny(algorithm="fedavg", rounds=1)), Simulation(tiny(algorithm="moon", moon_mu=mu, rounds=1))
+    fedavg, moon = (Simulation(tiny(algorithm="fedavg", rounds=1)),
+                    Simulation(tiny(algorithm="moon", moon_mu=mu, rounds=1)))
     ra, rb = fedavg.run_round(), moon.run_round()
     steps = sum(math.ceil(d.n_train / 16) for d in moon.data.clients)
     assert len(values) == steps  # once per SGD step

@@ -26,7 +26,8 @@ def test_the_same_mean_prints_alike_in_a_table_cell_and_a_claim():
         cell_a = format_cell(a.mean(), a.std(), 5, 5)
         assert cell_a == f"{pct(a.mean())} ± {pct(a.std())}"
         assert claims.versus(a, b, d)["ours"] == f"{cell_a.split(' ± ')[0]} vs {pct(b.mean())}"  # the claim row's
-        assert claims.interval(d) == f"{pct(d.mean, sign=True)} [{pct(d.ci_low, sign=True)}, {pct(d.ci_high, sign=True)}]"
+        assert claims.interval(d) == (f"{pct(d.mean, sign=True)} "
+                                      f"[{pct(d.ci_low, sign=True)}, {pct(d.ci_high, sign=True)}]")
 
 
 def test_as_printed_is_what_pct_prints_as_numbers():

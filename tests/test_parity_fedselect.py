@@ -63,14 +63,16 @@ def test_tiny_faithful_run_reproduces_the_reference():
 def test_a_share_of_exactly_alpha_already_exceeds_it():
     # Measured: the reference's `_violates_bound` says True for 8 personal of 10 at bound 0.8 (and
     # for 4 of 5, 672 of 840, 800 of 1000): it divides in float32, and float32(0.8) > 0.8.
-    algo = Simulation(tiny(fedselect_mode="faithful", pers_limit=0.8, pers_rate=0.25, rounds=1)).algorithm
+    sim = Simulation(tiny(fedselect_mode="faithful", pers_limit=0.8, pers_rate=0.25, rounds=1))
+    assert type(sim.algorithm).__name__ == "FaithfulFedSelect"  # the mode is its own class
+    count = sim.algorithm.growth_count(sim.clients[0])
     for personal, numel in ((8, 10), (4, 5), (672, 840), (800, 1000)):
         mask = torch.zeros(numel, dtype=torch.bool)
         mask[:personal] = True
-        assert algo.faithful_count(mask) == 0
+        assert count("w", mask) == 0
         mask[personal - 1] = False  # one fewer: below α, so it grows by G - round(0.75·G)
         free = numel - personal + 1
-        assert algo.faithful_count(mask) == free - int(np.round(0.75 * free))
+        assert count("w", mask) == free - int(np.round(0.75 * free))
 
 
 def test_faithful_average_is_the_sum_over_the_count():

@@ -50,7 +50,8 @@ def test_saved_runs_load_back_into_the_markdown_table_and_damage_is_reported(tmp
     payload, back = load(path)
     assert back == runs and payload["settings"] == {"rounds": 10} and not (tmp_path / "run.json.tmp").exists()
     row = markdown([path]).splitlines()[-1]
-    assert row.startswith("| DisPFL (rong-dai/DisPFL @ e2f47d4) | accuracy after local training | 2 × 10 | 62.0 ± 1.4 | 61.0 ± 1.4 | +1.00 |")
+    assert row.startswith("| DisPFL (rong-dai/DisPFL @ e2f47d4) | accuracy after local training | 2 × 10 "
+                          "| 62.0 ± 1.4 | 61.0 ± 1.4 | +1.00 |")
     assert "| yes, yes | 1.50 |" in row
     path.write_text(json.dumps({"runs": {"0": [{"rnd": 1}]}}))
     with pytest.raises(SystemExit, match="is not a parity run"):

@@ -158,7 +158,8 @@ def test_the_traffic_is_fedavgs_every_parameter_up_and_down():
     params = sum(p.numel() for p in sim.trainer.model.parameters()) * BYTES_PER_ENTRY
     for mine, theirs in zip(sim.run(), fedavg.run()):
         assert {(c.bytes_up, c.bytes_down) for c in mine.clients} == {(params, params)}
-        assert [(c.bytes_up, c.bytes_down) for c in mine.clients] == [(c.bytes_up, c.bytes_down) for c in theirs.clients]
+        assert ([(c.bytes_up, c.bytes_down) for c in mine.clients]
+                == [(c.bytes_up, c.bytes_down) for c in theirs.clients])
 
 
 def digits(**overrides) -> RunConfig:
@@ -199,11 +200,13 @@ def test_per_fedavg_hf_learns_on_digits():
 
 
 @pytest.mark.parametrize("knobs, message", [
-    (dict(algorithm="perfedavg_fo", perfedavg_alpha=-0.1), r"perfedavg_alpha=-0.1 is outside the allowed range \[0, inf\)"),
+    (dict(algorithm="perfedavg_fo", perfedavg_alpha=-0.1),
+     r"perfedavg_alpha=-0.1 is outside the allowed range \[0, inf\)"),
     (dict(algorithm="perfedavg_hf", perfedavg_beta=0.0), r"perfedavg_beta=0.0 is outside the allowed range \(0, inf\)"),
     (dict(algorithm="perfedavg_hf", perfedavg_delta=-1e-3), r"perfedavg_delta=-0.001 is outside the allowed range"),
     (dict(algorithm="perfedavg_fo", perfedavg_adapt_steps=-1), r"perfedavg_adapt_steps=-1 is outside"),
-    (dict(algorithm="perfedavg_fo", perfedavg_delta=1e-3), r"perfedavg_delta is a knob of perfedavg_hf, not of perfedavg_fo"),
+    (dict(algorithm="perfedavg_fo", perfedavg_delta=1e-3),
+     r"perfedavg_delta is a knob of perfedavg_hf, not of perfedavg_fo"),
 ])
 def test_a_bad_knob_is_refused_naming_it(knobs, message):
     with pytest.raises(ConfigError, match=message):

@@ -155,7 +155,8 @@ def test_a_curves_legend_names_the_configuration_the_tables_report():
     trials = load_trials(sorted((REPO / "docs" / "results" / "baselines-fmnist" / "data").iterdir()))
     labels = chosen_labels(trials)
     fedselect = chosen_trials(trials).query("method == 'FedSelect'").iloc[0]
-    assert labels[("fmnist, 5 shards", "FedSelect")] == (f"FedSelect (lr = {fedselect.lr:.3g}, p = {fedselect.pers_rate:.3g}, "
+    assert labels[("fmnist, 5 shards", "FedSelect")] == (f"FedSelect (lr = {fedselect.lr:.3g}, "
+                                                         f"p = {fedselect.pers_rate:.3g}, "
                                                          f"α = {fedselect.pers_limit:.3g})")
     assert "p = 0.53" in labels[("fmnist, 5 shards", "FedSelect")]   # the page's search_best: p = 0.53, α = 0.36
     assert labels[("fmnist, 5 shards", "FedAvg")].startswith("FedAvg (lr = ")

@@ -35,7 +35,8 @@ def test_the_vectorised_summary_agrees_with_the_scalar_definitions():
         earlier = frame[(frame.config_hash == trial) & (frame["round"] <= rnd)]
         assert got.mb_total == pytest.approx((earlier.bytes_up + earlier.bytes_down).sum() / 1e6)
     one = summarize_round(frame[(frame.config_hash == "a") & (frame["round"] == 2)], mb_before=1.0)
-    assert one["round"] == 2 and isinstance(one["participants"], int) and one["mb_total"] == pytest.approx(1.0 + one["mb_round"])
+    assert (one["round"] == 2 and isinstance(one["participants"], int)
+            and one["mb_total"] == pytest.approx(1.0 + one["mb_round"]))
     assert client_std([0.5, 0.7]) == pytest.approx(0.1)                  # ddof = 0 over clients
     assert across_seeds([0.5, 0.7]) == (pytest.approx(0.6), pytest.approx(math.sqrt(0.02)), 2)  # ddof = 1 over seeds
     assert across_seeds([0.5]) == (0.5, 0.0, 1)
@@ -49,10 +50,36 @@ def test_rows_carry_labels_and_only_the_knobs_that_apply():
     assert layer["method"] == "FedSelect (layer C)" and layer["setting"] == "digits, 2 shards"
     # rows of engine v1 (every method's knobs, no labels) get the same labels
     v1 = pd.DataFrame([{**RunConfig(fedselect_variant="random").to_dict(), "ditto_lambda": 1.0, "ft_epochs": 1},
-                       {**RunConfig(algorithm="fedavg_ft").to_dict(), "pers_rate": 0.0, "fedselect_variant": "gradselect"}])
+                       {**RunConfig(algorithm="fedavg_ft").to_dict(), "pers_rate": 0.0,
+                        "fedselect_variant": "gradselect"}])
     labelled = add_labels(v1)
     assert labelled.method.tolist() == ["FedSelect (random)", "FedAvg+FT"]
     assert labelled.setting.tolist() == ["digits, 2 shards"] * 2
+
+
+def test_rows_carry_the_method_facts_and_older_rows_get_them_when_read(tmp_path):
+    """What analysis needs of a method is in its rows (it never imports the methods): which model
+    is scored, whether rounds go through a server, whether it communicates. Files written before
+    these columns existed get them from the registry when read, also when only one is asked for."""
+    from fl_core.result_files import read_files
+
+    facts = {name: {k: config_columns(RunConfig(algorithm=name))[k]
+                    for k in ("evaluated_model", "has_server", "communicates")}
+             for name in ("fedavg", "fedselect", "dispfl", "local")}
+    assert facts["fedavg"] == {"evaluated_model": "after the broadcast", "has_server": True, "communicates": True}
+    assert facts["fedselect"]["evaluated_model"] == "after local training" and facts["fedselect"]["has_server"]
+    assert facts["dispfl"]["has_server"] is False and facts["dispfl"]["communicates"] is True
+    assert facts["local"] == {**facts["local"], "has_server": False, "communicates": False}
+    new = pd.DataFrame([{"algorithm": name, "acc": 0.5} | facts[name] for name in ("fedavg", "dispfl")])
+    old = pd.DataFrame([{"algorithm": name, "acc": 0.5} for name in ("local", "fedselect", "ext.mod:Gone")])
+    new.to_parquet(tmp_path / "new.parquet")
+    old.to_parquet(tmp_path / "old.parquet")
+    both = read_files([tmp_path / "new.parquet", tmp_path / "old.parquet"])
+    for name, fact in facts.items():
+        assert both.loc[both.algorithm == name, list(fact)].iloc[0].to_dict() == fact, name
+    assert both.loc[both.algorithm == "ext.mod:Gone", "has_server"].isna().all()  # unknown, never guessed
+    only = read_files([tmp_path / "old.parquet"], columns=["has_server"])
+    assert list(only.columns) == ["has_server"] and only["has_server"].tolist()[:2] == [False, True]
 
 
 def test_setting_labels_tell_the_two_dirichlet_schemes_apart():

@@ -11,7 +11,7 @@ from torch import nn
 from fl_core.algorithms.base import BYTES_PER_ENTRY
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
-from fl_core.training import LocalTrainer, SGDSettings, read_state
+from fl_core.training import ClipGradNorm, LocalTrainer, SGDSettings, ShiftGradient, read_state
 
 from conftest import restore_mid_run, tiny
 
@@ -48,8 +48,9 @@ def test_the_trainer_adds_the_shift_after_clipping_and_before_weight_decay_and_m
     trainer = LocalTrainer(model, SGDSettings(lr=lr, batch_size=4, momentum=rho, weight_decay=wd))
     x, y = torch.zeros(10, 3), torch.zeros(10, dtype=torch.long)  # 3 steps (4, 4, 2 samples)
     start = read_state(model)
-    out, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0, max_grad_norm=clip,
-                                   grad_shift={"weight": shift}, loss_fn=lambda m, xb, yb: (m.weight * g).sum())
+    out, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0,
+                                   corrections=[ShiftGradient({"weight": shift}), ClipGradNorm(clip)],  # any order
+                                   loss_fn=lambda m, xb, yb: (m.weight * g).sum())
     w, v = start["weight"].double(), torch.zeros(1, 3, dtype=torch.float64)
     for _ in range(3):  # by hand: clip, shift, decay, momentum, step
         d = g.double() * min(1.0, clip / (13.0 + 1e-6)) + shift.double() + wd * w
@@ -59,7 +60,8 @@ def test_the_trainer_adds_the_shift_after_clipping_and_before_weight_decay_and_m
     # None: the very same pass as before the option existed (bit for bit as an all-zero shift here)
     plain, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0,
                                      loss_fn=lambda m, xb, yb: (m.weight * g).sum())
-    zero, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0, grad_shift={"weight": torch.zeros(1, 3)},
+    zero, _, _ = trainer.train_pass(start, x, y, {"weight": None}, seed=0,
+                                    corrections=[ShiftGradient({"weight": torch.zeros(1, 3)})],
                                     loss_fn=lambda m, xb, yb: (m.weight * g).sum())
     assert torch.equal(plain["weight"], zero["weight"])
 

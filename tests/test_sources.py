@@ -25,7 +25,8 @@ FMNIST_RAW = SHARED_DATA / "FashionMNIST" / "raw"
 def test_input_shapes_without_loading():
     assert {n: input_shape_of(n) for n in SOURCES} == {
         "digits": (1, 8, 8), "mnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32),
-        "synthetic": (1, 8, 8), "mnist_c": (1, 28, 28), "fmnist_c": (1, 28, 28), "digits_c": (1, 8, 8), "cifar10c": (3, 32, 32), "office_caltech10": (3, 32, 32),
+        "synthetic": (1, 8, 8), "mnist_c": (1, 28, 28), "fmnist_c": (1, 28, 28), "digits_c": (1, 8, 8),
+        "cifar10c": (3, 32, 32), "office_caltech10": (3, 32, 32),
         "officehome": (3, 32, 32), "domainnet": (3, 32, 32), "cifar100": (3, 32, 32), "mini_imagenet": (3, 84, 84)}
     assert input_shape_of("officehome", image_size=64) == (3, 64, 64)
     with pytest.raises(DataError, match="image_size=64 does not apply to dataset 'mnist'"):

@@ -5,11 +5,10 @@ import pytest
 
 from fl_core.config import RunConfig
 from sweeps import ablation, baselines, dispfl, feature_shift, fedselect_grid
-from sweeps.errors import SweepError
 from sweeps.run import main as run_main
 from sweeps.spec import STUDIES, load_spec, parse_spec, resolved, save_spec, to_toml
 from sweeps.stages import best_completed, confirm_stage, plan_stages
-from sweeps.study import Study, plan_sweep, build_parser, study_of_file
+from sweeps.study import plan_sweep, build_parser, study_of_file
 
 
 def plan_of(study, argv, tmp_path):
@@ -41,7 +40,8 @@ def test_fedselect_grid_file_is_the_default_grid(tmp_path):
     for dir_alpha in (0.1, 0.5):
         for epochs in (1, 2):
             for seed in (0, 1, 2):
-                base = dict(dataset="digits", partition="dirichlet", dir_alpha=dir_alpha, local_epochs=epochs, seed=seed)
+                base = dict(dataset="digits", partition="dirichlet", dir_alpha=dir_alpha, local_epochs=epochs,
+                            seed=seed)
                 expected += [RunConfig(algorithm="fedselect", pers_rate=p, pers_limit=a, **base)
                              for p in (0.1, 0.25, 0.5) for a in (0.5, 0.8)]
                 expected += [RunConfig(algorithm=m, **base) for m in ("fedavg", "local")]
@@ -108,7 +108,8 @@ def test_missing_study_file_names_the_projects_studies(tmp_path, capsys):
 
 
 def test_dry_run_prints_stages_axes_and_data_settings_and_writes_nothing(tmp_path, capsys):
-    assert run_main(["studies/fedselect_optuna.toml", "--results", str(tmp_path), "--dry-run", "--seeds", "0", "1"]) == 0
+    assert run_main(["studies/fedselect_optuna.toml", "--results", str(tmp_path), "--dry-run",
+                     "--seeds", "0", "1"]) == 0
     out = capsys.readouterr().out
     assert "data settings (2): digits, Dir(0.1); digits, Dir(0.5)" in out
     assert "stage tune-select-0 [digits, Dir(0.1) / FedSelect]: Optuna, 12 configurations on seed 1000, ASHA" in out
@@ -129,7 +130,8 @@ def test_selection_stages_anchors_apart_one_per_data_setting_on_the_search_seed(
     for stage, alpha in zip(stages[1:], (0.1, 0.5)):
         assert {(c.seed, c.dir_alpha) for _, c in stage.configs} == {(1000, alpha)} and len(stage.configs) == 2
     a, b = (c for _, c in stages[1].configs)
-    stopped_higher = [(a, {"round": 10, "done": True, "objective": 0.99}), (b, {"round": 20, "objective": 0.5})]  # Tune sets done on stopped trials too
+    # Tune sets done on stopped trials too
+    stopped_higher = [(a, {"round": 10, "done": True, "objective": 0.99}), (b, {"round": 20, "objective": 0.5})]
     assert best_completed(stopped_higher) == b                   # an early-stopped trial never wins
     assert best_completed([(a, {"round": 19, "objective": 0.9})]) is None
     tie = best_completed([(a, {"round": 20, "objective": 0.5}), (b, {"round": 20, "objective": 0.5})])

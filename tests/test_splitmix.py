@@ -104,7 +104,8 @@ def test_a_device_scores_the_mix_of_its_own_bases():
             logits = sum(model.bases[i](d.x_test) for i in own) / len(own)
             model.train()
         acc = float((logits.argmax(1) == d.y_test).float().mean())
-        assert result.clients[k].acc_global == pytest.approx(acc) and result.clients[k].acc == result.clients[k].acc_global
+        assert (result.clients[k].acc_global == pytest.approx(acc)
+                and result.clients[k].acc == result.clients[k].acc_global)
 
 
 def test_fine_tuning_changes_only_the_devices_own_bases():
@@ -117,7 +118,9 @@ def test_fine_tuning_changes_only_the_devices_own_bases():
 
 
 def test_small_models_at_width_1_are_unchanged_and_narrow_at_width_one_half():
-    shapes = lambda m: [tuple(p.shape) for p in m.parameters()]
+    def shapes(m):
+        return [tuple(p.shape) for p in m.parameters()]
+
     assert shapes(build_model("lenet", (1, 8, 8), 10, width=1.0)) == [
         (6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 64), (120,), (84, 120), (84,), (10, 84), (10,)]
     assert shapes(build_model("lenet", (1, 8, 8), 10, width=0.5)) == [

@@ -372,7 +372,7 @@ def test_cost_table_leaves_a_diverged_seed_out_of_its_cell_and_its_tests(tmp_pat
 # ----------------------------------------------------------------------------- the end of a sweep
 
 def test_end_of_sweep_summary_has_the_95_ci_over_seeds():
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
 
     values = [0.61, 0.64, 0.70]
     done = pd.DataFrame({"setting": ["easy"] * 4, "method": ["FedAvg"] * 3 + ["Local"], "seed": [0, 1, 2, 0],
@@ -385,7 +385,7 @@ def test_end_of_sweep_summary_has_the_95_ci_over_seeds():
 
 @pytest.mark.parametrize("lost", [0.99, 0.05], ids=["high", "low"])
 def test_end_of_sweep_summary_leaves_diverged_runs_out_of_the_mean_and_counts_them(lost):
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
 
     done = pd.DataFrame({"setting": ["easy"] * 6, "method": ["FedAvg"] * 4 + ["Local"] * 2, "seed": [0, 1, 2, 3, 0, 1],
                          "acc_mean": [0.61, 0.64, 0.70, lost, 0.5, 0.3], "mb_total": 1.0,
@@ -411,6 +411,7 @@ def test_the_tables_go_to_the_sweeps_mlflow_run(tmp_path):
     (folder / "methods.tex").write_text("table")
     write_parquet(pd.DataFrame({"table": ["methods"]}), folder / stats.SUMMARY)
     assert log_sweep_tables(uri, "study", "s1", folder)
-    assert sorted(a.path for a in client.list_artifacts(run, "tables")) == ["tables/methods.tex", "tables/summary.parquet"]
+    assert (sorted(a.path for a in client.list_artifacts(run, "tables"))
+            == ["tables/methods.tex", "tables/summary.parquet"])
     assert not log_sweep_tables(uri, "study", "another sweep", folder)            # no such run: nothing logged
     assert not log_sweep_tables(uri, "study", "s1", tmp_path / "nowhere")

@@ -15,6 +15,8 @@ from sweeps.plan import run_config
 from sweeps.spec import load_spec
 from sweeps.study import NOT_FLAGS, build_parser, plan_sweep, run_study
 
+from conftest import REPO
+
 
 def planned(study, argv, tmp_path="/tmp/never-written"):
     """The plan of a study's command line (nothing is written)."""
@@ -24,8 +26,6 @@ def planned(study, argv, tmp_path="/tmp/never-written"):
 
 def configs_of(study, argv):
     return planned(study, argv).configs
-
-from conftest import REPO
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -38,7 +38,8 @@ from conftest import REPO
     (["--pers-rate", "0.1:0.5"], "pers_rate=0.1:0.5: a range needs search kind = optuna"),
     (["--dir-alpha", "0.1:0.5", "--search", "optuna"], "data settings are never searched"),
     (["--scheduler", "asha"], "a search or scheduler selects by validation accuracy"),
-    (["--search", "optuna", "--algorithms", "fedavg", "--anchors", "fedavg"], "fedavg is listed twice with the same knobs"),
+    (["--search", "optuna", "--algorithms", "fedavg", "--anchors", "fedavg"],
+     "fedavg is listed twice with the same knobs"),
     (["--search", "optuna", "--val-fraction", "0.1", "--algorithms", "fedavg", "--anchors"], None),
     (["--participation", "0"], "participation=0.0 is outside the allowed range (0, 1]"),
     (["--ditto-lambda", "2"], "--ditto-lambda is a knob of ditto, but this study runs no trial of ditto"),
@@ -169,7 +170,7 @@ def test_launch_does_not_import_study():
 
 
 def test_end_of_sweep_summary_gives_each_methods_chosen_configuration_per_setting_over_its_seeds():
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
     done = pd.DataFrame({
         "setting": ["easy"] * 6 + ["hard"] * 3,
         "method": ["FedSelect", "FedSelect", "FedAvg", "FedAvg", "FedSelect", "FedSelect", "FedSelect", "FedSelect",
@@ -203,7 +204,6 @@ def test_mlflow_run_names_tell_the_trials_apart_by_what_varies():
 
 
 def test_progress_table_shows_dataset_partition_and_seed_where_they_vary(tmp_path):
-    parser = build_parser(STUDY)
     from sweeps.plan import progress_columns
     crossed = planned(STUDY, ["--dataset", "digits", "synthetic", "--partition", "shards", "dirichlet"], tmp_path)
     assert {"data", "split", "seed"} <= set(progress_columns(crossed.configs, crossed.named).values())
@@ -217,19 +217,20 @@ def test_every_visible_flag_says_its_default(study):
     import argparse
     parser = build_parser(study)
     silent = [a.option_strings[0] for a in parser._actions
-              if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS and "default" not in (a.help or "")]
+              if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS
+              and "default" not in (a.help or "")]
     assert silent == []
 
 
 def test_the_printed_mlflow_command_is_this_environments():
     from pathlib import Path
-    from sweeps.launch import mlflow_command
+    from sweeps.summary import mlflow_command
     beside = Path(sys.executable).parent / "mlflow"
     assert mlflow_command() == (str(beside) if beside.exists() else "mlflow")
 
 
 def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
-    from sweeps.launch import best_per_setting
+    from sweeps.summary import best_per_setting
     done = pd.DataFrame({"setting": ["easy"] * 4, "method": ["FedSelect", "FedSelect", "FedAvg", "FedAvg"],
                          "local_epochs": [1, 2, 1, 2], "seed": 0, "acc_mean": [0.6, 0.9, 0.5, 0.8], "mb_total": 1.0})
     best = best_per_setting(done, ["local_epochs"])

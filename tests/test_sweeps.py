@@ -395,7 +395,8 @@ def test_baselines_and_ablation_studies_run_on_the_shared_machinery(ray_cluster,
     assert len(rounds) == len(listed) * 2 * 3
     # LotteryFL's own per-client metrics reached Parquet (and nobody else's rows carry them)
     lottery = rounds.algorithm == "lotteryfl"
-    assert rounds.loc[lottery, "lottery_sparsity"].notna().all() and rounds.loc[~lottery, "lottery_sparsity"].isna().all()
+    assert (rounds.loc[lottery, "lottery_sparsity"].notna().all()
+            and rounds.loc[~lottery, "lottery_sparsity"].isna().all())
     for experiment, n in (("baselines", len(listed)), ("ablation", 4)):
         _, parents, children = mlflow_runs(tmp_path, experiment)
         assert len(parents) == 1 and len(children) == n

@@ -163,7 +163,8 @@ def test_v1_sweep_loads_with_labels_and_makes_its_table(tmp_path):
     written = write_v1_sweep(tmp_path / "old")
     rounds = load_rounds(tmp_path)                                   # a results folder holding the sweep
     assert len(rounds) == len(written) == 6 * 2 * 3
-    assert set(rounds["method"]) == {"FedSelect", "FedAvg", "Local"} and set(rounds["setting"]) == {"synthetic, 3 shards"}
+    assert (set(rounds["method"]) == {"FedSelect", "FedAvg", "Local"}
+            and set(rounds["setting"]) == {"synthetic, 3 shards"})
     trials = load_trials(tmp_path / "old")
     assert len(trials) == 6 and "version" not in trials and trials["method"].notna().all()
     table = tables.methods_table(trials)
@@ -250,7 +251,8 @@ def test_which_trials_are_unfinished():
     assert unfinished(frame[["status"]]).tolist() == [False, False, False, False, True, True]
     # the same run in two sweeps: its finished copy is the one that counts
     twice = pd.DataFrame([trial("fedavg", 0, 0.8) | {"config_hash": "a", "rounds": 5, "rounds_done": 5},
-                          trial("fedavg", 0, 0.3, status="STOPPED") | {"config_hash": "a", "rounds": 5, "rounds_done": 2}])
+                          trial("fedavg", 0, 0.3, status="STOPPED") | {"config_hash": "a", "rounds": 5,
+                                                                       "rounds_done": 2}])
     assert tables.counted(twice)["acc_mean"].tolist() == [0.8]
     with pytest.raises(tables.TableError):
         tables.counted(twice, "sometimes")
@@ -361,7 +363,8 @@ def test_methods_table_from_a_real_sweep(results, tmp_path):
             cell = re.sub(r"\$\^\{\\\w+\}\$", "", cells[setting_index])   # without its significance marks
             assert cell.removeprefix("\\bfseries ") == text
             is_best = round(100 * mean, 1) == round(100 * column["mean"].max(), 1)  # best as printed: always bold
-            assert cell.startswith("\\bfseries") == summary[(method, setting)] and (summary[(method, setting)] or not is_best)
+            assert (cell.startswith("\\bfseries") == summary[(method, setting)]
+                    and (summary[(method, setting)] or not is_best))
 
 
 @slow
@@ -489,7 +492,8 @@ def test_a_cell_whose_seeds_all_diverged_says_so_and_nothing_else():
     cells, bold = table.cells(), table.best_mask()
     assert cells.loc["FedAvg", "synthetic, 3 shards"] == "3 of 3 seeds diverged"
     assert table.n.loc["FedAvg", "synthetic, 3 shards"] == 0 and not bold.loc["FedAvg", "synthetic, 3 shards"]
-    assert cells.loc["FedSelect", "synthetic, 3 shards"] == "51.0 ± 1.0" and bold.loc["FedSelect", "synthetic, 3 shards"]
+    assert (cells.loc["FedSelect", "synthetic, 3 shards"] == "51.0 ± 1.0"
+            and bold.loc["FedSelect", "synthetic, 3 shards"])
     assert "k of n seeds diverged" in table.full_caption() and "3 seeds per cell)" in table.full_caption()
     assert tables.format_cell(0.5, 0.01, 4, 5, diverged=1) == "50.0 ± 1.0 (1 of 5 seeds diverged)"
     assert tables.format_cell(0.5, 0.01, 4, 5) == "50.0 ± 1.0 (n=4)"
@@ -548,7 +552,8 @@ def test_a_sweep_mixing_rules_says_both_and_last_alone_keeps_the_final_wording(t
 
 
 def test_final_accuracies_take_the_reported_round_of_the_seen_clients_only():
-    rows = pd.DataFrame({"config_hash": ["a"] * 4 + ["b"] * 2, "round": [1, 2, 3, 3, 1, 2], "client": [0, 0, 0, 1, 0, 0],
+    rows = pd.DataFrame({"config_hash": ["a"] * 4 + ["b"] * 2, "round": [1, 2, 3, 3, 1, 2],
+                         "client": [0, 0, 0, 1, 0, 0],
                          "pool": ["seen", "seen", "seen", "unseen", "seen", "seen"],
                          "acc": [0.5, 0.9, 0.6, 0.3, 0.4, 0.45]})
     seen = final_accuracies(rows, reported={"a": 2}).set_index("run")["value"]

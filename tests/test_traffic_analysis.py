@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis import tables
+from analysis.common import TableError
 from analysis.load import find_sweeps, load_masks, load_rounds, load_trials
 from analysis.plots import build_plots
 from analysis.traffic import (_pick_dispfl_trial, build_traffic_outputs, busiest_node_mb, hamming_matrix,
@@ -73,7 +74,10 @@ def sweep(tmp_path):
 
 def test_busiest_node_server_sums_clients_serverless_takes_max_of_cumulative(sweep):
     load = busiest_node_mb(load_rounds(sweep)).set_index(["config_hash", "round"])["busiest_node_mb"]
-    series = lambda key: load.loc[key].tolist()
+
+    def series(key):
+        return load.loc[key].tolist()
+
     assert series("fedavg0") == pytest.approx([9, 18, 27])     # the server: 3 clients x 3 MB per round
     assert series("dispfl0") == pytest.approx([5, 5, 9])       # max_k of cumulative, not 5, 9, 13
     assert series("dispfl1") == pytest.approx([1, 2, 3])
@@ -83,7 +87,8 @@ def test_busiest_node_server_sums_clients_serverless_takes_max_of_cumulative(swe
 
 
 def test_busiest_node_counts_missing_clients_as_silent():
-    rows = pd.DataFrame({"config_hash": "a", "algorithm": "dpsgd", "round": [1, 1, 2], "client": [0, 1, 1],
+    rows = pd.DataFrame({"config_hash": "a", "algorithm": "dpsgd", "has_server": False, "round": [1, 1, 2],
+                         "client": [0, 1, 1],
                          "bytes_up": [3e6, 1e6, 1e6], "bytes_down": [0.0, 0.0, 2e6]})
     assert busiest_node_mb(rows)["busiest_node_mb"].tolist() == pytest.approx([3, 4])
 
@@ -119,7 +124,8 @@ def _names(paths):
 def test_figures_written_and_hooked_into_build_plots(sweep, tmp_path, capsys):
     out = tmp_path / "figures"
     paths = build_traffic_outputs(find_sweeps(sweep), load_trials(sweep), out)
-    assert _names(paths) == {f"{n}.{e}" for n in ("accuracy_vs_busiest_traffic", "mask_hamming") for e in ("png", "pdf")}
+    assert _names(paths) == {f"{n}.{e}" for n in ("accuracy_vs_busiest_traffic", "mask_hamming")
+                             for e in ("png", "pdf")}
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     everything = build_plots([sweep], tmp_path / "all")
     assert {"accuracy_vs_busiest_traffic.png", "mask_hamming.pdf", "accuracy_vs_round.png"} <= _names(everything)
@@ -142,7 +148,8 @@ def test_traffic_table(sweep, tmp_path, capsys):
     assert rows["FedAvg"] == [r"55.0 $\pm$ 7.1", "27.0"]
     assert rows["Local"] == [r"40.0 (n=1)", "0.0"]
     assert rows["DisPFL"] == [r"\bfseries 75.0 $\pm$ 7.1", "6.0"]  # finished lr 0.1 seeds only: (9 + 3) / 2
-    assert "D-PSGD is not in this table: no marks against it" in latex and "blacktriangle" not in latex.split("\\midrule")[1]
+    assert ("D-PSGD is not in this table: no marks against it" in latex
+            and "blacktriangle" not in latex.split("\\midrule")[1])
     assert "Left out: 1 run that did not finish (reached round 2 of 3)." in latex
     assert "Cells share fewer than 5 seeds (1--2 in common): no test and no mark" in latex
     assert "Busiest node (MB)" in latex and "synthetic, 3 shards" in latex
@@ -154,7 +161,8 @@ def test_traffic_table(sweep, tmp_path, capsys):
     auto = tables.build_tables([sweep], out=tmp_path / "auto")
     assert {"methods", "traffic"} <= set(auto)
     write_v1_sweep(tmp_path / "old")
-    assert set(tables.build_tables([tmp_path / "old"], out=tmp_path / "v1")) == {"methods", "convergence"}  # v1 sweeps: the convergence check too
+    # v1 sweeps: the convergence check too
+    assert set(tables.build_tables([tmp_path / "old"], out=tmp_path / "v1")) == {"methods", "convergence"}
 
 
 def test_traffic_table_counts_a_diverged_run_and_names_the_reported_round(sweep, tmp_path):
@@ -172,3 +180,10 @@ def test_traffic_table_counts_a_diverged_run_and_names_the_reported_round(sweep,
             "(report\\_round = best\\_val), mean $\\pm$ std over seeds") in latex
     summary = pd.read_parquet(tmp_path / "t" / "summary.parquet").set_index("row")
     assert summary.loc["DisPFL", "diverged"] == 1 and summary.loc["DisPFL", "n"] == 1
+
+
+def test_a_method_whose_rows_do_not_say_whether_it_has_a_server_is_named_not_guessed():
+    rows = pd.DataFrame({"config_hash": "a", "algorithm": "ext.mod:Gone", "round": [1], "client": [0],
+                         "bytes_up": [1e6], "bytes_down": [0.0], "has_server": [None]})
+    with pytest.raises(TableError, match=r"do not say whether ext\.mod:Gone has a server"):
+        busiest_node_mb(rows)

@@ -133,7 +133,10 @@ def test_evaluate_takes_a_state_or_a_predictor():
     assert trainer.evaluate(state, x, y) == expected
     assert trainer.evaluate(state, x, y, batch_size=7) == expected
     assert trainer.evaluate(lambda inputs: model(inputs), x, y) == expected
-    ensemble = lambda inputs: model(inputs) + 0 * inputs.sum()  # any callable x -> logits
+
+    def ensemble(inputs):  # any callable x -> logits
+        return model(inputs) + 0 * inputs.sum()
+
     assert trainer.evaluate(ensemble, x, y) == expected
     assert trainer.evaluate(lambda inputs: F.one_hot(y[:inputs.shape[0]], 3).float(), x, y) == 30
     with pytest.raises(TypeError, match="predictor"):
@@ -162,7 +165,8 @@ def test_a_loss_calling_back_into_the_trainer_is_refused_and_leaves_the_model_us
     with pytest.raises(RuntimeError, match="already running"):
         trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0, loss_fn=reentrant)
     new, _, _ = trainer.train_pass(state, x, y, {n: None for n in trainer.params}, seed=0)
-    assert all(torch.equal(new[k], t) for k, t in plain_pass(state, x, y, {n: None for n in trainer.params}, 0, 0.1).items())
+    assert all(torch.equal(new[k], t)
+               for k, t in plain_pass(state, x, y, {n: None for n in trainer.params}, 0, 0.1).items())
 
 
 def test_passes_sharing_a_velocity_dict_are_one_torch_sgd_run_and_separate_passes_are_not():

@@ -47,7 +47,8 @@ def test_a_searched_second_stage_gets_a_pretraining_for_the_search_seed_and_ever
     pretrain, anchors, *selects = plan_stages(spec)
     assert (pretrain.kind, anchors.kind, [s.kind for s in selects]) == ("pretrain", "anchor", ["select", "select"])
     pretrained = {c.config_hash(): c for _, c in pretrain.configs}
-    assert {(c.dir_alpha, c.seed) for c in pretrained.values()} == {(a, s) for a in (0.1, 0.5) for s in (0, 1, 2, 3, 4, 9)}
+    assert ({(c.dir_alpha, c.seed) for c in pretrained.values()}
+            == {(a, s) for a in (0.1, 0.5) for s in (0, 1, 2, 3, 4, 9)})
     for _, c in [*anchors.configs, *(pair for s in selects for pair in s.configs)]:
         assert pretrained[c.pretrained].seed == c.seed and pretrained[c.pretrained].dir_alpha == c.dir_alpha
     assert {c.seed for s in selects for _, c in s.configs} == {9}

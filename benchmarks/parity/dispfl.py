@@ -293,7 +293,8 @@ def main() -> None:
     ap.add_argument("--components-only", action="store_true")
     ap.add_argument("--skip-components", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write every round's numbers here (benchmarks/parity/report.py)")
     args = ap.parse_args()
     ref = load_reference(args.ref, args.extra_path)
     print(f"DisPFL parity: Fashion-MNIST Dir(0.3), {args.clients} clients x {args.samples} images, "

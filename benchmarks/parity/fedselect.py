@@ -106,7 +106,8 @@ class ReferenceRun:
     """The reference's `fedselect_algorithm` in a worker thread that stops after each round's
     evaluation; `step()` runs one round and returns what was recorded of it."""
 
-    def __init__(self, ref, model, args, data, seed: int, shared_order: bool, verbose: bool, record: bool = True) -> None:
+    def __init__(self, ref, model, args, data, seed: int, shared_order: bool, verbose: bool,
+                 record: bool = True) -> None:
         self.ref, self.k = ref, len(data.clients)
         lottery = sys.modules["lottery_ticket"]
         self.resume, self.paused = threading.Semaphore(0), threading.Semaphore(0)
@@ -139,7 +140,8 @@ class ReferenceRun:
             accs = originals["eval"](model_, states, *a, no_cross=no_cross, **kw)  # one round done
             seconds = time.perf_counter() - self.started
             self.rounds.append(dict(seconds=seconds, reported=torch.diag(accs).tolist(),
-                                    states={i: {n: t.clone() for n, t in s.items()} for i, s in states.items()} if record else None,
+                                    states=({i: {n: t.clone() for n, t in s.items()} for i, s in states.items()}
+                                            if record else None),
                                     masks={i: dict(m) for i, m in self.masks.items()}))
             self.rnd += 1
             self.paused.release()
@@ -173,7 +175,11 @@ class ReferenceRun:
             a, b = a + d.n_train, b + d.n_test
         labels = np.array([np.flatnonzero(h) for h in data.train_hist], dtype=object)
         ref.setup_seed(seed)
-        run = lambda: ref.fedselect_algorithm(model, args, train, test, users_train, users_test, labels, list(range(self.k)))
+
+        def run():
+            return ref.fedselect_algorithm(model, args, train, test, users_train, users_test, labels,
+                                           list(range(self.k)))
+
         self.thread = threading.Thread(target=self._work, args=(run,), daemon=True)
         self.thread.start()
 
@@ -226,7 +232,8 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
     algo, data = sim.algorithm, sim.data
     model = build_model(sim.model_name, data.input_shape, data.num_classes)
     model.load_state_dict({n: t.clone() for n, t in sim.clients[0].state.items()})
-    theirs = ReferenceRun(ref, model, reference_args(ref, knobs, seed), data, seed, opts.order == "shared", opts.verbose)
+    theirs = ReferenceRun(ref, model, reference_args(ref, knobs, seed), data, seed, opts.order == "shared",
+                          opts.verbose)
     trained, update = {}, algo.local_update
 
     def recording_update(k, client, d, rnd):
@@ -238,11 +245,15 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
     rows = []
     for rnd in range(1, config.rounds + 1):
         if rnd % 2:  # alternate who goes first
-            t0 = time.perf_counter(); ours = sim.run_round(); ours_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ours = sim.run_round()
+            ours_s = time.perf_counter() - t0
             rec = theirs.step()
         else:
             rec = theirs.step()
-            t0 = time.perf_counter(); ours = sim.run_round(); ours_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ours = sim.run_round()
+            ours_s = time.perf_counter() - t0
         ours_masks = next_masks(sim)
         row = dict(round=rnd, ours_s=ours_s, theirs_s=rec["seconds"], ours=[], theirs=[], reported=rec["reported"],
                    agree=0, entries=0, max_param_diff=0.0, ours_masks=[], theirs_masks=[],
@@ -250,8 +261,9 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
         for k, d in enumerate(data.clients):
             row["ours"].append(ours.clients[k].acc_local)
             row["theirs"].append(sim.trainer.evaluate(rec["states"][k], d.x_test, d.y_test) / d.n_test)
-            row["max_param_diff"] = max(row["max_param_diff"], *((trained[k][n] - rec["states"][k][n]).abs().max().item()
-                                                                for n in algo.param_names))
+            row["max_param_diff"] = max(row["max_param_diff"],
+                                        *((trained[k][n] - rec["states"][k][n]).abs().max().item()
+                                          for n in algo.param_names))
             mine = ours_masks[k]
             their = rec["masks"].get(k, {n: torch.zeros_like(m) for n, m in mine.items()})
             row["agree"] += sum(int((mine[n] == their[n]).sum()) for n in mine)
@@ -260,7 +272,8 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
             row["theirs_masks"].append(mask_digest(their))
         rows.append(row)
         print(f"seed {seed} round {rnd:3d}  ours {np.mean(row['ours']):.4f}  theirs {np.mean(row['theirs']):.4f}  "
-              f"diff {np.mean(row['ours']) - np.mean(row['theirs']):+.4f}  (theirs reported {np.mean(row['reported']):.4f})  "
+              f"diff {np.mean(row['ours']) - np.mean(row['theirs']):+.4f}  "
+              f"(theirs reported {np.mean(row['reported']):.4f})  "
               f"masks agree {row['agree'] / row['entries']:.6f}  max|dθ| {row['max_param_diff']:.2e}  "
               f"s/round ours {ours_s:.2f} theirs {rec['seconds']:.2f}", flush=True)
     theirs.finish()
@@ -315,7 +328,8 @@ def time_summary(runs: dict[int, list[dict]], first: int) -> None:
           f"reference {med['theirs']:.2f}, pure {med['pure']:.2f}")
     print(f"  reference / ours {np.median([r['theirs_s'] / r['ours_s'] for r in rows]):.2f}, "
           f"ours / pure {np.median([r['ours_s'] / r['pure_s'] for r in rows]):.2f}, "
-          f"reference / pure {np.median([r['theirs_s'] / r['pure_s'] for r in rows]):.2f} (medians of the rounds' ratios)")
+          f"reference / pure {np.median([r['theirs_s'] / r['pure_s'] for r in rows]):.2f} "
+          f"(medians of the rounds' ratios)")
 
 
 def summary(runs: dict[int, list[dict]]) -> None:
@@ -323,14 +337,15 @@ def summary(runs: dict[int, list[dict]]) -> None:
     diffs = [a - b for a, b in zip(final["ours"], final["theirs"])]
     print(f"\nfinal accuracy over seeds {list(runs)} (mean ± std over seeds):")
     for who in final:
-        print(f"  {who:9s} {np.mean(final[who]):.4f} ± {np.std(final[who], ddof=1) if len(runs) > 1 else float('nan'):.4f}")
+        print(f"  {who:9s} {np.mean(final[who]):.4f} "
+              f"± {np.std(final[who], ddof=1) if len(runs) > 1 else float('nan'):.4f}")
     print(f"  ours - theirs: {np.mean(diffs):+.4f} (per seed {['%+.4f' % x for x in diffs]})")
     agree = [rows[-1]["agree"] / rows[-1]["entries"] for rows in runs.values()]
     print(f"  final mask agreement per seed: {agree}")
     ours_s, theirs_s = (np.array([r[f"{who}_s"] for rows in runs.values() for r in rows]) for who in ("ours", "theirs"))
-    print(f"  seconds per round, mean / median of {len(ours_s)} rounds: ours {ours_s.mean():.2f} / {np.median(ours_s):.2f}, "
-          f"theirs {theirs_s.mean():.2f} / {np.median(theirs_s):.2f}; theirs / ours, median of the rounds' ratios: "
-          f"{np.median(theirs_s / ours_s):.2f}")
+    print(f"  seconds per round, mean / median of {len(ours_s)} rounds: ours {ours_s.mean():.2f} / "
+          f"{np.median(ours_s):.2f}, theirs {theirs_s.mean():.2f} / {np.median(theirs_s):.2f}; theirs / ours, "
+          f"median of the rounds' ratios: {np.median(theirs_s / ours_s):.2f}")
 
 
 def main() -> None:
@@ -349,7 +364,8 @@ def main() -> None:
                         help="ours: uniform = the reference's sum / count; samples = weights n_k / n (1/K here: "
                              "the same mean, rounded differently)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
-    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write every round's numbers here (benchmarks/parity/report.py)")
     parser.add_argument("--pins", action="store_true", help="print the numbers tests/test_parity_fedselect.py pins")
     parser.add_argument("--verbose", action="store_true", help="keep the reference's progress bars and prints")
     parser.add_argument("--timing", action="store_true", help="time the rounds against each other and the pure "
@@ -369,7 +385,8 @@ def main() -> None:
         time_summary(runs, first=knobs["mask_every"] + 2)  # the mask grows in round mask_every + 1, used from the next
         return
     summary(runs)
-    rounds = {seed: [Round(r["round"], float(np.mean(r["ours"])), float(np.mean(r["theirs"])), r["ours_s"], r["theirs_s"])
+    rounds = {seed: [Round(r["round"], float(np.mean(r["ours"])), float(np.mean(r["theirs"])), r["ours_s"],
+                           r["theirs_s"])
                      for r in rows] for seed, rows in runs.items()}
     print_summary(rounds)
     if opts.json:

@@ -168,7 +168,8 @@ def compare_masks(ref, args) -> None:
     from nets.HeteFL.preresne import resnet18
     from nets.Nets import MobileNetCifar
     os.chdir(here)
-    for data, theirs, ours, classes in (("Cifar10", resnet18, "preresnet18", 10), ("Cifar100", MobileNetCifar, "mobilenet_cifar", 100)):
+    for data, theirs, ours, classes in (("Cifar10", resnet18, "preresnet18", 10),
+                                        ("Cifar100", MobileNetCifar, "mobilenet_cifar", 100)):
         model = theirs(track_running_stats=False, num_classes=classes, width_scale=1.0)
         named = [(name, q.numel()) for name, q in model.named_parameters() if "linear" not in name]
         _, their_sizes = ref.main.layerWiseModelPartition(data, [q for q, _ in named], [s for _, s in named])
@@ -185,15 +186,18 @@ def compare_masks(ref, args) -> None:
           f"{f', tol_gap_rel {args.ref_gap}' if args.ref_solver == 'CLARABEL' else ''}; masks: one row per device)")
     for label, p in instances(args):
         theirs = reference_masks(ref, p, args.ref_solver, args.ref_gap, args.seed)
-        ours = {"greedy": greedy_masks(p).masks, "sca": solve_sca(p).masks, "sca_last": solve_sca(p, keep_best=False).masks}
+        ours = {"greedy": greedy_masks(p).masks, "sca": solve_sca(p).masks,
+                "sca_last": solve_sca(p, keep_best=False).masks}
         try:  # enumeration, or a MILP under a time limit (seconds of wall time: slow on a busy machine)
             ours["exact"] = solve_exact(p, time_limit=args.time_limit).masks
         except (ValueError, RuntimeError) as exc:
             print(f"  (exact: {str(exc)[:100]})")
         best = min(masking_bias(p, m) for m in ours.values())
-        print(f"-- {label}: N={p.N}, group sizes {p.group_sizes.tolist()}, budgets "
-              f"{np.round(p.budgets).astype(int).tolist() if p.N <= 8 else np.unique(np.round(p.budgets)).astype(int).tolist()}")
-        for name, m in [(f"theirs {k}", theirs[k]) for k in ("greedy", "sca")] + [(f"ours {k}", v) for k, v in ours.items()]:
+        budgets = (np.round(p.budgets).astype(int).tolist() if p.N <= 8 else
+                   np.unique(np.round(p.budgets)).astype(int).tolist())
+        print(f"-- {label}: N={p.N}, group sizes {p.group_sizes.tolist()}, budgets {budgets}")
+        for name, m in ([(f"theirs {k}", theirs[k]) for k in ("greedy", "sca")]
+                        + [(f"ours {k}", v) for k, v in ours.items()]):
             f = masking_bias(p, m)
             flag = "" if p.feasible(m) else "  OVER BUDGET"
             print(f"  {name:<14} f = {f:>12,.0f}  ({f / best - 1:+.3%} vs our best){flag}  {rows(m)}")
@@ -235,7 +239,8 @@ class AuthorsRun:
         self.model.load_state_dict(sim.clients[0].state)  # our initial weights
         groups = layer_groups("lenet", [n for n, _ in self.model.named_parameters()])
         self.trains = [[q for j, (_, members) in enumerate(groups) if row[j] for q in members] for row in masks]
-        self.train = [DataLoader(TensorDataset(d.x_train, d.y_train), batch_size=50, shuffle=True) for d in data.clients]
+        self.train = [DataLoader(TensorDataset(d.x_train, d.y_train), batch_size=50, shuffle=True)
+                      for d in data.clients]
         self.test = [DataLoader(TensorDataset(d.x_test, d.y_test), batch_size=128) for d in data.clients]
         sizes = [d.n_train for d in data.clients]
         n = len(sizes)
@@ -299,7 +304,8 @@ def compare_training(ref, args) -> None:
         run = AuthorsRun(ref, sim, theirs_masks, args, seed + 1)
         lrs = [args.lr] * args.rounds
         if args.lr_schedule == "multistep" and args.rounds >= 4:
-            schedule = ref.MultiStepLR(args.lr, milestones=[args.rounds // 2, args.rounds * 3 // 4], gamma=0.1, last_epoch=0)
+            schedule = ref.MultiStepLR(args.lr, milestones=[args.rounds // 2, args.rounds * 3 // 4], gamma=0.1,
+                                       last_epoch=0)
             lrs = [schedule.step() for _ in range(args.rounds)]
         print(f"{'round':>5} {'lr':>7} | {'ours before':>11} {'after':>6} | {'theirs before':>13} {'after':>6} | "
               f"{'diff before':>11} {'after':>6} | wall s: ours theirs | cpu s: ours theirs")
@@ -321,7 +327,8 @@ def compare_training(ref, args) -> None:
         if args.json:  # after every seed: a long run's finished seeds survive an interruption
             save(args.json, "PerFedMask", "MehdiSet/PerFedMask @ 2ecd165",
                  f"mean client accuracy after fine-tuning, Fashion-MNIST {args.clients} devices of {args.samples} "
-                 f"images ({args.partition}), LeNet 8-1, momentum scope {args.momentum_scope}, batch order {args.order}",
+                 f"images ({args.partition}), LeNet 8-1, momentum scope {args.momentum_scope}, batch order "
+                 f"{args.order}",
                  runs, vars(args) | {"ref": str(args.ref), "json": str(args.json)})
     print("== after fine-tuning (the accuracy PerFedMask reports)")
     print_summary(runs)
@@ -334,9 +341,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ref", type=Path, required=True, help="checkout of MehdiSet/PerFedMask")
-    parser.add_argument("--extra-path", action="append", default=[], help="folder put on sys.path (their extra packages)")
+    parser.add_argument("--extra-path", action="append", default=[],
+                        help="folder put on sys.path (their extra packages)")
     parser.add_argument("--ref-solver", default="CLARABEL", help="where their MOSEK solves go (MOSEK: as they are)")
-    parser.add_argument("--ref-gap", type=float, default=0.1, help="Clarabel tol_gap_rel for their solves (their MOSEK gap)")
+    parser.add_argument("--ref-gap", type=float, default=0.1,
+                        help="Clarabel tol_gap_rel for their solves (their MOSEK gap)")
     parser.add_argument("--preresnet", action="store_true", help="add the PreResNet-18 instance (their SCA: minutes)")
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for our exact MILP")
     parser.add_argument("--seed", type=int, default=1, help="instances' and their greedy's seed (their default 1)")
@@ -356,9 +365,11 @@ def main() -> None:
     parser.add_argument("--lr-schedule", default="constant", choices=("constant", "multistep"),
                         help="multistep: their default, x0.1 at rounds R/2 and 3R/4")
     parser.add_argument("--order", default="own", choices=("own", "shared"),
-                        help="own: their shuffling DataLoaders; shared: they replay our batch orders (training and fine-tuning)")
+                        help="own: their shuffling DataLoaders; shared: they replay our batch orders (training and "
+                             "fine-tuning)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both")
-    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write every round's numbers here (benchmarks/parity/report.py)")
     args = parser.parse_args()
     args.ref = args.ref.resolve()
     ref = import_reference(args.ref, args.extra_path)

@@ -68,7 +68,10 @@ def summarise(runs: dict[int, list[Round]]) -> Summary:
         raise ValueError("summarise needs at least one round for every seed")
     ours = [rows[-1].ours for rows in runs.values()]
     theirs = [rows[-1].theirs for rows in runs.values()]
-    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else float("nan"))
+
+    def sd(v):
+        return statistics.stdev(v) if len(v) > 1 else float("nan")
+
     p = float("nan")
     if len(ours) > 1 and any(a != b for a, b in zip(ours, theirs)):
         from scipy.stats import ttest_rel
@@ -86,10 +89,14 @@ def summarise(runs: dict[int, list[Round]]) -> Summary:
 
 def print_summary(runs: dict[int, list[Round]]) -> Summary:
     s = summarise(runs)
-    pct = (lambda v: f"{100 * v:.1f}")
+
+    def pct(v):
+        return f"{100 * v:.1f}"
+
     print(f"Final round {s.rounds}, seeds {s.seeds}: ours {pct(s.ours_mean)} ± {pct(s.ours_std)}, theirs "
           f"{pct(s.theirs_mean)} ± {pct(s.theirs_std)} (%, mean ± sample std over seeds); ours - theirs "
-          f"{100 * s.diff:+.2f} points, per seed {', '.join(f'{100 * (r[-1].ours - r[-1].theirs):+.2f}' for r in runs.values())}; "
+          f"{100 * s.diff:+.2f} points, per seed "
+          f"{', '.join(f'{100 * (r[-1].ours - r[-1].theirs):+.2f}' for r in runs.values())}; "
           f"paired t-test p = {s.p_value:.3g}: {s.verdict()}")
     print(f"Converged (last 5 rounds' mean within {100 * CONVERGED_WITHIN:.0f} point of the 5 before): "
           f"ours {s.converged_ours}, theirs {s.converged_theirs}. Their seconds per round / ours: {s.speed_ratio:.2f}")
@@ -128,10 +135,12 @@ def markdown(paths: list[Path]) -> str:
         payload, runs = load(path)
         s = summarise(runs)
         test = s.verdict() if math.isnan(s.p_value) else f"p = {s.p_value:.2g}: {s.verdict()}"
-        lines.append(f"| {payload['system']} ({payload['reference']}) | {payload['measured']} | {len(s.seeds)} × {s.rounds} "
+        lines.append(f"| {payload['system']} ({payload['reference']}) | {payload['measured']} "
+                     f"| {len(s.seeds)} × {s.rounds} "
                      f"| {mean_std(s.ours_mean, s.ours_std)} | {mean_std(s.theirs_mean, s.theirs_std)} "
                      f"| {100 * s.diff:+.2f} | {test} | "
-                     f"{'yes' if s.converged_ours else 'no'}, {'yes' if s.converged_theirs else 'no'} | {s.speed_ratio:.2f} |")
+                     f"{'yes' if s.converged_ours else 'no'}, {'yes' if s.converged_theirs else 'no'} "
+                     f"| {s.speed_ratio:.2f} |")
     return "\n".join(lines)
 
 

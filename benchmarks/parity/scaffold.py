@@ -127,7 +127,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--order", choices=("own", "shared"), default="own")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
-    parser.add_argument("--json", type=Path, default=None, help="write every round's numbers here (benchmarks/parity/report.py)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write every round's numbers here (benchmarks/parity/report.py)")
     args = parser.parse_args()
     if args.lr <= 0 or args.rounds < 1:
         parser.error(f"--lr {args.lr} and --rounds {args.rounds}: give lr > 0 and at least 1 round")

@@ -90,9 +90,23 @@ def _external(name: str) -> type:
     return found
 
 
+# What a reader of the results needs to know of each row's method, written into every row
+# (`fl_core.results.config_columns`) so that analysis reads it from the files, never from here:
+# the model its accuracy measures (in words), whether its rounds go through a server (its busiest
+# node is then the server), and whether it exchanges models at all.
+METHOD_FACTS = ("evaluated_model", "has_server", "communicates")
+
+
+def method_facts(name: str) -> dict[str, object]:
+    """The `METHOD_FACTS` columns of the method `name` (KeyError: unknown, or not importable here)."""
+    cls = get_algorithm(name)
+    return {"evaluated_model": cls.evaluated_model(), "has_server": bool(cls.has_server()),
+            "communicates": bool(cls.communicates)}
+
+
 def params_class(name: str) -> type[MethodParams]:
     """The dataclass of a method's own knobs (defaults, help, validation)."""
     return get_algorithm(name).Params
 
 
-__all__ = ["ALGORITHMS", "get_algorithm", "is_algorithm", "is_external", "params_class"]
+__all__ = ["ALGORITHMS", "METHOD_FACTS", "get_algorithm", "is_algorithm", "is_external", "method_facts", "params_class"]

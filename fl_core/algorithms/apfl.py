@@ -18,14 +18,14 @@ the values before the step:
 η is the round's learning rate, η_α = `apfl_alpha_lr` (none: η, as in the paper). The server
 averages w exactly as FedAvg (`weighting`, participants only) and broadcasts it.
 
-How it runs on the engine (no new trainer option): w's steps are the engine's own pass
-(`run_epochs`, cross-entropy, the run's momentum and weight decay), so w, every broadcast and
-`acc_local`/`acc_global` are FedAvg's bit for bit. The pass's `loss_fn` first makes the v (and
-α) step on the batch it is given, with the w the pass holds before its step: v̄ runs through
-`functional_cross_entropy` (a `functional_call`) with v's BatchNorm buffers, ∇f(v̄) comes from
-`autograd.grad`, and v moves by the engine's in-place SGD update (with the run's weight decay).
-Then it returns the cross-entropy at w. Hence α = 0 (fixed) gives v̄ = w: the evaluated model is
-FedAvg's, and α = 1 gives v̄ = v trained by plain local SGD: the `local` algorithm's model.
+How it runs on the engine: w's steps are the engine's own pass (`run_epochs`, cross-entropy,
+the run's momentum and weight decay), so w, every broadcast and `acc_local`/`acc_global` are
+FedAvg's bit for bit. v's (and α's) step is the pass's batch step (`personal_step`, a
+`training.BatchStep`): on each batch, before w's step, with the w the pass holds then, v̄ runs
+through `functional_cross_entropy` (a `functional_call`) with v's BatchNorm buffers, ∇f(v̄)
+comes from `autograd.grad`, and v moves by an in-place SGD update (with the run's weight
+decay). Hence α = 0 (fixed) gives v̄ = w: the evaluated model is FedAvg's, and α = 1 gives
+v̄ = v trained by plain local SGD: the `local` algorithm's model.
 
 Sent per client each round: w up, the global model down (FedAvg's traffic); v and α stay.
 
@@ -49,7 +49,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..functional import functional_cross_entropy
 from ..knobs import MethodParams, Space, knob
-from ..training import State, cross_entropy
+from ..training import State
 from .base import Algorithm, LocalStats
 
 
@@ -89,7 +89,8 @@ class APFL(Algorithm):
         alpha = client.extra["alpha"].clone()
         mixed_loss = torch.zeros((), device=data.x_train.device)
 
-        def loss_fn(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        def personal_step(model: nn.Module, x: Tensor, y: Tensor) -> None:
+            """v's SGD step on the batch (and α's, adaptive), at w before this batch's step."""
             nonlocal alpha, mixed_loss
             w = {n: p.detach() for n, p in model.named_parameters()}  # before this batch's step
             mixed = {n: (alpha * v[n] + (1 - alpha) * w[n]).requires_grad_(True) for n in names}
@@ -106,9 +107,10 @@ class APFL(Algorithm):
                 torch._foreach_add_(v_list, step, alpha=-lr)
                 if adaptive:
                     alpha = new_alpha
-            return cross_entropy(model, x, y)  # w's own step: FedAvg's loss, unchanged
 
-        stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(), loss_fn=loss_fn)
+        # w's own steps are FedAvg's (the pass's plain loss); v's come first on each batch
+        stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
+                                batch_steps=[personal_step])
         client.extra["personal"] = v | buffers
         client.extra["alpha"] = alpha
         # `loss` stays w's (FedAvg's); the mixed model's training loss and α are the method's metrics.

@@ -19,12 +19,23 @@ The simulation (fl_core/simulation.py) calls, every round t (1-based):
 "custom". A method declares its own knobs as `Params` (a `MethodParams` dataclass in its file)
 and reads them from `self.params`.
 
-Hooks (override): build_model (the network the run trains, built once before `setup`), setup,
-init_client, participants, local_update, aggregates_in, neighbours, shared_names, contribution,
-aggregation_weights, aggregate, mix_neighbours, receive, sent_bytes, personalized_model,
-evaluation_metrics, personal_fraction, trained_entries, state_dict, load_state_dict.
-Helpers (call): train_pass, run_epochs, full_update, lr, sent_entries, sent_bytes, withheld, and on `self.trainer`:
-evaluate, gradients; differentiable updates live in fl_core/functional.py.
+The core: most methods override only a few of these, in this order of frequency:
+  `local_update` (the client's training: nearly every method), `setup` / `init_client` (per-client
+  state), `shared_names` (what is averaged), `personalized_model` (the scored model under
+  `acc_from = "custom"`), `aggregate` / `receive` (a server step other than the masked average and
+  its broadcast) and `state_dict` / `load_state_dict` (server state kept between rounds).
+Declarations (class attributes, no code): `name`, `display`, `Params`, `acc_from`, `communicates`,
+  `broadcasts_model`, `sampled_by`, `evaluates`, `reports_cost`, `sparse_states`,
+  `default_bn_stats`, `bn_stats_fixed`; `has_server()` and `evaluated_model()` follow from them.
+The rest, grouped: who takes part and when (`participants`, `aggregates_in`); server-less methods
+  (`neighbours`, `mix_neighbours`); what travels (`contribution`, `aggregation_weights`,
+  `sent_bytes`, `sent_entries`, `withheld`); BatchNorm statistics under bn_stats = "global"
+  (`share_statistics`, `receive_statistics`, `statistics_bytes`); cost accounting
+  (`trained_entries`, `training_cost`); evaluation extras (`evaluation_metrics`,
+  `personal_fraction`); the network (`build_model`, a classmethod run once before `setup`).
+Helpers (call): `train_pass`, `run_epochs`, `full_update`, `lr`, `withheld`, and on `self.trainer`:
+  `evaluate`, `gradients`; gradient corrections (`fl_core.training`: `Proximal`, `ShiftGradient`,
+  `ClipGradNorm`); differentiable updates live in fl_core/functional.py.
 Where a hook or helper takes a client, the arguments are always (k, client, data, rnd, ...).
 """
 from __future__ import annotations
@@ -111,6 +122,10 @@ class Algorithm:
     # sample of the seen clients, `participants`), or the method's own (D-PSGD and DisPFL: `active`,
     # each client on its own); a method with its own refuses `participation` below 1.
     sampled_by: ClassVar[str] = "participation"
+    # Whether the server's broadcast writes into the clients' models (`receive`); False where only
+    # other values travel (FedL2P: λ). The round loop then knows that the communication step left
+    # a client's model as it was, and reuses its scores after local training.
+    broadcasts_model: ClassVar[bool] = True
 
     @classmethod
     def has_server(cls) -> bool:
@@ -344,7 +359,7 @@ class Algorithm:
 
         The batch order depends on (seed, round, client, epoch, purpose) only, so two methods that
         make the same pass see the same batches. `options` go to `LocalTrainer.train_pass`
-        (`loss_fn`, `prox`, `lr`; the lr defaults to the round's scheduled one).
+        (`loss_fn`, `corrections`, `lr`; the lr defaults to the round's scheduled one).
         """
         seed = derive_seed(self.config.seed, rnd, k, epoch, purpose)
         options.setdefault("lr", self.lr(rnd))

@@ -50,9 +50,10 @@ from ..data import ClientData
 from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
 from ..masks import as_float, count_nonzero, personal_fraction, zero_where
-from ..sparse import DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks, regrow
+from ..sparse import (DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks,
+                      regrow)
 from ..topology import TopologyParams
-from ..training import State, derive_seed
+from ..training import State, clipped, derive_seed
 from .base import ClientInfo, LocalStats, Traffic
 from .dpsgd import DPSGD
 
@@ -100,7 +101,8 @@ class DisPFL(DPSGD):
 
     def init_client(self, k: int, init: State) -> ClientState:
         densities = layer_densities(self.shapes, self.density_of(k), self.params.density_distribution)
-        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mask", 0 if self.params.same_masks else k))
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mask",
+                                                              0 if self.params.same_masks else k))
         active = {n: m.to(init[n].device) for n, m in random_masks(self.shapes, densities, generator).items()}
         state = {n: t * active[n] if n in active else t.clone() for n, t in init.items()}
         client = ClientState(state=state)
@@ -112,7 +114,7 @@ class DisPFL(DPSGD):
         old = {n: client.mask[n] for n in self.param_names}  # unpacked once
         update = {n: as_float(~old[n], client.state[n].dtype) for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update,
-                                max_grad_norm=self.params.max_grad_norm)
+                                corrections=clipped(self.params.max_grad_norm))
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)
         client.extra["next_mask"] = new
         entries = sum(m.numel() for m in old.values())

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, Space, knob
-from ..training import State
+from ..training import Proximal, State
 from .base import Algorithm, LocalStats
 
 
@@ -61,7 +61,7 @@ class Ditto(Algorithm):
         # Personal part: SGD on F_k(v) + λ/2 ||v - w^t||², same batches as the global passes.
         personal = ClientState(state=client.extra["personal"])
         pstats = self.run_epochs(k, personal, data, rnd, epochs, self.full_update(), purpose="global",
-                                 prox=(self.params.ditto_lambda, received))
+                                 corrections=[Proximal(self.params.ditto_lambda, received)])
         client.extra["personal"] = personal.state
         # Reported loss: the mean cross-entropy over both kinds of pass (the prox term is not in it).
         return LocalStats(stats.loss_sum + pstats.loss_sum, stats.samples + pstats.samples)

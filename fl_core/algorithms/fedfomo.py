@@ -36,8 +36,9 @@ update), which fit it exactly: per-client groups from one snapshot, and per-clie
 
 Knobs and defaults: `fedfomo_m` = 5 (this project's choice; the authors' config file defaults to
 8, and we could not check the paper's own value here), ε = 0.3 and δ = 0.05 per round (the
-authors' config: EPSILON 0.3, EPSILON_DECAY 0.05, so exploration ends after 6 rounds). The validation split is the run's `val_fraction` (the paper holds out a validation split
-per client); a run without one is refused.
+authors' config: EPSILON 0.3, EPSILON_DECAY 0.05, so exploration ends after 6 rounds). The
+validation split is the run's `val_fraction` (the paper holds out a validation split per client); a
+run without one is refused.
 
 Departures from the paper and the authors' code: the candidates are the models uploaded in the
 current round only (the authors' code: the last round's uploads; under full participation the
@@ -122,7 +123,8 @@ class FedFomo(Algorithm):
     display = "FedFomo"
     Params = FedFomoParams
     acc_from = "global"
-    evaluates = "its model after the FOMO update with the downloaded models (acc_local: after local training, before it)"
+    evaluates = ("its model after the FOMO update with the downloaded models (acc_local: after local training, "
+                 "before it)")
 
     @classmethod
     def has_server(cls) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import Space, knob
+from ..training import Proximal
 from .base import LocalStats
 from .fedavg_ft import FineTuneProtocol, FineTuning, LimitedFineTuneParams
 
@@ -54,4 +55,4 @@ class FedProx(FineTuning):
             return super().local_update(k, client, data, rnd)
         # w^t: the received tensors themselves (a pass returns new tensors and never writes these).
         anchor = {n: client.state[n] for n in self.param_names}
-        return self.limited_update(k, client, data, rnd, self.full_update(), prox=(mu, anchor))
+        return self.limited_update(k, client, data, rnd, self.full_update(), corrections=[Proximal(mu, anchor)])

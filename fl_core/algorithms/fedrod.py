@@ -30,9 +30,9 @@ The server averages the body and the G-head (FedAvg: `aggregation_weights`) and 
 the P-head never leaves the client. Traffic per participant: body + G-head, up and down.
 
 Not supported: `init_weights` and `pretrained` (their states are the registered model's, without
-the P-head), refused when the network is built; a run's final model (`checkpoint_dir`) holds the P-head
-and the switch too, so a second stage of another method cannot start from it. The paper's hypernetwork-generated P-head (its
-"Fed-RoD (hyper)") is left out.
+the P-head), refused when the network is built; a run's final model (`checkpoint_dir`) holds the
+P-head and the switch too, so a second stage of another method cannot start from it. The paper's
+hypernetwork-generated P-head (its "Fed-RoD (hyper)") is left out.
 """
 from __future__ import annotations
 

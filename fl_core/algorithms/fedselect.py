@@ -25,8 +25,9 @@ become personal, never the schedule:
 - `layer`: no selection at all; one whole block (`layer_block`, A-D as defined in
   fl_core/models.py) is personal from the start and everything else stays global.
 
-`fedselect_mode="faithful"` follows the public reference code (github.com/lapisrocks/fedselect,
-`fedselect.py` and `lottery_ticket.py`) where it differs from the paper's description:
+`fedselect_mode="faithful"` (the class `FaithfulFedSelect`, below) follows the public reference
+code (github.com/lapisrocks/fedselect, `fedselect.py` and `lottery_ticket.py`) where it differs
+from the paper's description:
 - the mask grows at the 0-based rounds k, 2k, 3k, ... (k = `mask_every`), never in round 0:
   here the 1-based rounds k + 1, 2k + 1, ...;
 - Δ is measured from the client's state after local training (before the broadcast) at its
@@ -65,18 +66,20 @@ VARIANT_LABELS = {"personalize_least": "personalize least", "random": "random"}
 
 @dataclass(frozen=True)
 class FedSelectParams(MethodParams):
-    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round", low=0, high=1,
+    pers_rate: float = knob(0.25, "FedSelect p: share of the still-global entries made personal each round",
+                            low=0, high=1,
                             search=Space(0.05, 0.6, source="around the paper's p = 0.25; our grids' 0.1-0.5 widened"))
     pers_limit: float = knob(0.8, "FedSelect alpha: cap on the personal fraction of each tensor", low=0, high=1,
                              search=Space(0.2, 0.95, source="the paper's grid of alpha, 0.2-0.8 (its CIFAR-10 runs), "
                                           "up to near local training"))
-    select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every parameter)",
-                              choices=("weights", "all"))
-    fedselect_mode: str = knob("default", "semantics: default (this file's docstring) or faithful (the public reference code)",
-                               choices=("default", "faithful"))
+    select_params: str = knob("weights", "tensors that may become personal (weights = *weight tensors; all = every "
+                              "parameter)", choices=("weights", "all"))
+    fedselect_mode: str = knob("default", "semantics: default (this file's docstring) or faithful (the public "
+                               "reference code)", choices=("default", "faithful"))
     mask_every: int = knob(1, "faithful mode: grow the mask every k rounds", low=1)
-    fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; personalize_least = "
-                                  "smallest |Δ|; layer = one whole block; random = random entries", choices=VARIANTS)
+    fedselect_variant: str = knob("gradselect", "ablation (paper Table 3): gradselect = largest |Δ|; "
+                                  "personalize_least = smallest |Δ|; layer = one whole block; random = random entries",
+                                  choices=VARIANTS)
     layer_block: str = knob("A", "layer ablation: the block made personal (A-D, see fl_core/models.py)", choices=BLOCKS)
 
     def label(self, display: str) -> str:
@@ -88,14 +91,21 @@ class FedSelectParams(MethodParams):
 
 
 class FedSelect(Algorithm):
+    """The paper's FedSelect; `fedselect_mode="faithful"` makes the run a `FaithfulFedSelect`."""
+
     name = "fedselect"
     display = "FedSelect"
     Params = FedSelectParams
     acc_from = "local"
+    include_ties = False  # entries tied with the last one selected become personal too
+
+    def __new__(cls, config=None, *args, **kwargs):
+        if cls is FedSelect and config is not None and config.method.fedselect_mode == "faithful":
+            cls = FaithfulFedSelect
+        return super().__new__(cls)
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)
-        self.faithful = self.params.fedselect_mode == "faithful"
         if self.params.select_params == "all":
             self.selectable = list(self.param_names)
         else:  # conv, linear and BatchNorm-gamma weights; biases and BN beta stay global
@@ -111,32 +121,30 @@ class FedSelect(Algorithm):
             client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
                            for n in self.param_names}
         client.extra["fraction"] = 0.0
-        if self.faithful and self.params.fedselect_variant != "layer":  # the first Δ is from the initial model
-            client.extra["reference"] = {n: init[n].clone() for n in self.selectable}
         return client
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         self.apply_next_mask(client)  # normally done by `receive`; here if no broadcast came
         grows = self.grows_in(rnd) and self.params.fedselect_variant != "layer"
-        reference = None  # Δ is measured from the start of LocalAlt, or (faithful) from the state kept at the last update
-        if grows:  # default: the tensors held now, which training leaves as they are (its first pass copies)
-            reference = client.extra["reference"] if self.faithful else {n: client.state[n] for n in self.selectable}
+        reference = self.delta_reference(client) if grows else None
         stats = self.local_alt(k, client, data, rnd)
         if grows:
             # kept bit-packed (as plain tensors, so that a saved state stays loadable) until the broadcast
             client.extra["next_mask"] = PackedMask(self.grad_select(client, reference, rnd, k)).to_dict()
-            if self.faithful:  # the next Δ is measured from here (after training, before the broadcast)
-                client.extra["reference"] = self.selectable_copy(client)
+            self.after_growth(client)
         return stats
 
-    def selectable_copy(self, client: ClientState) -> State:
-        return {n: client.state[n].clone() for n in self.selectable}
+    def delta_reference(self, client: ClientState) -> State:
+        """What Δ is measured from: the start of LocalAlt, the tensors held now (training leaves
+        them as they are: its first pass copies)."""
+        return {n: client.state[n] for n in self.selectable}
+
+    def after_growth(self, client: ClientState) -> None:
+        """After GradSelect chose the next mask (nothing to keep here)."""
 
     def grows_in(self, rnd: int) -> bool:
-        if not self.faithful:
-            return True
-        return rnd > 1 and (rnd - 1) % self.params.mask_every == 0
+        return True
 
     def local_alt(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         mask = client.mask
@@ -157,29 +165,23 @@ class FedSelect(Algorithm):
         """The next round's mask: each selectable tensor's personal set grown by the entries
         that moved most since `reference` (largest |Δ| first; the ablations score otherwise)."""
         grown = {}
-        if not self.faithful:
-            p, alpha = self.params.pers_rate, self.params.pers_limit
-            f = min(alpha, client.extra["fraction"] + p * (1.0 - client.extra["fraction"]))
-            client.extra["fraction"] = f
+        count = self.growth_count(client)
         for n in self.selectable:
             mask = client.mask[n]
-            add = self.faithful_count(mask) if self.faithful else grow_count(self.numels[n], f) - int(mask.sum())
+            add = count(n, mask)
             if add > 0:
                 scores = self.selection_scores(client.state[n] - reference[n], rnd, k, n)
-                mask = select_largest(scores, mask, add, include_ties=self.faithful)
+                mask = select_largest(scores, mask, add, include_ties=self.include_ties)
             grown[n] = mask
         return grown
 
-    def faithful_count(self, mask: torch.Tensor) -> int:
-        """How many entries the reference code makes personal in a tensor: none once its
-        personal share exceeds α; else G - round((1 - p)·G) of its G global entries. The share is
-        a float32 quotient, as the reference's tensor division gives it: a share of exactly α
-        (8 of 10 entries at α = 0.8) reads 0.800000012 there and so already exceeds α."""
-        personal = int(mask.sum())
-        if float(np.float32(personal) / np.float32(mask.numel())) > self.params.pers_limit:
-            return 0
-        free = mask.numel() - personal
-        return free - int(np.round((1.0 - self.params.pers_rate) * free))
+    def growth_count(self, client: ClientState):
+        """(tensor name, its mask) -> how many entries become personal this round: the paper's
+        schedule, f <- min(α, f + p(1 - f)) of each tensor's entries (the client's f advanced once)."""
+        p, alpha = self.params.pers_rate, self.params.pers_limit
+        f = min(alpha, client.extra["fraction"] + p * (1.0 - client.extra["fraction"]))
+        client.extra["fraction"] = f
+        return lambda n, mask: grow_count(self.numels[n], f) - int(mask.sum())
 
     def selection_scores(self, delta: torch.Tensor, rnd: int, k: int, name: str) -> torch.Tensor:
         """Non-negative scores; the highest become personal. GradSelect: |Δ|; ablations differ."""
@@ -200,17 +202,6 @@ class FedSelect(Algorithm):
             client.mask = PackedMask.from_dict(grown)
 
     # ---------------------------------------------------------------- server side
-    def aggregation_weights(self, data) -> list[float]:
-        """Faithful, uniform: weight 1 per client, so the masked average is the reference's sum
-        of the global entries divided by their count (the same mean as weights 1/K, but rounded
-        as the reference rounds it: with 1/K = 0.1 the two differ in the last bit)."""
-        if self.faithful and self.config.weighting == "uniform":
-            return [1.0] * len(data)
-        return super().aggregation_weights(data)
-
-    def aggregates_in(self, rnd: int) -> bool:
-        return not (self.faithful and rnd == self.config.rounds)
-
     def receive(self, client: ClientState) -> None:
         """Broadcast into the entries global under the training mask, then switch masks."""
         for n in self.param_names:
@@ -223,3 +214,51 @@ class FedSelect(Algorithm):
         """Of the mask the client holds for its next round."""
         grown = client.extra.get("next_mask")
         return personal_fraction(client.mask if grown is None else PackedMask.from_dict(grown), self.numels)
+
+
+class FaithfulFedSelect(FedSelect):
+    """`fedselect_mode="faithful"`: FedSelect as the public reference code runs it (the module
+    docstring lists each difference; the same knobs, the same config hashes)."""
+
+    include_ties = True
+
+    def init_client(self, k: int, init: State) -> ClientState:
+        client = super().init_client(k, init)
+        if self.params.fedselect_variant != "layer":  # the first Δ is from the initial model
+            client.extra["reference"] = {n: init[n].clone() for n in self.selectable}
+        return client
+
+    def delta_reference(self, client: ClientState) -> State:
+        """The state kept at the client's last mask update (the initial model before the first)."""
+        return client.extra["reference"]
+
+    def after_growth(self, client: ClientState) -> None:
+        """The next Δ is measured from here (after training, before the broadcast)."""
+        client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
+
+    def grows_in(self, rnd: int) -> bool:
+        return rnd > 1 and (rnd - 1) % self.params.mask_every == 0
+
+    def growth_count(self, client: ClientState):
+        """How many entries the reference code makes personal in a tensor: none once its
+        personal share exceeds α; else G - round((1 - p)·G) of its G global entries. The share is
+        a float32 quotient, as the reference's tensor division gives it: a share of exactly α
+        (8 of 10 entries at α = 0.8) reads 0.800000012 there and so already exceeds α."""
+        def count(n: str, mask: torch.Tensor) -> int:
+            personal = int(mask.sum())
+            if float(np.float32(personal) / np.float32(mask.numel())) > self.params.pers_limit:
+                return 0
+            free = mask.numel() - personal
+            return free - int(np.round((1.0 - self.params.pers_rate) * free))
+        return count
+
+    def aggregation_weights(self, data) -> list[float]:
+        """Uniform weighting: weight 1 per client, so the masked average is the reference's sum
+        of the global entries divided by their count (the same mean as weights 1/K, but rounded
+        as the reference rounds it: with 1/K = 0.1 the two differ in the last bit)."""
+        if self.config.weighting == "uniform":
+            return [1.0] * len(data)
+        return super().aggregation_weights(data)
+
+    def aggregates_in(self, rnd: int) -> bool:
+        return rnd != self.config.rounds

@@ -54,7 +54,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
 from ..client_state import ClientState
 from ..data import ClientData
@@ -68,10 +67,11 @@ from .base import Algorithm, ClientInfo, LocalStats
 @dataclass(frozen=True)
 class LotteryFLParams(MethodParams):
     lottery_acc_threshold: float | None = knob(None, "prune only while local accuracy is above this (1 = never prune; "
-                                               "none: the authors' 0.5 on MNIST-like data, 0.1 otherwise)", low=0, high=1)
+                                               "none: the authors' 0.5 on MNIST-like data, 0.1 otherwise)",
+                                               low=0, high=1)
     lottery_prune_step: float = knob(0.2, "share of the remaining weights pruned per pruning step", low=0, high=1)
-    lottery_target_sparsity: float | None = knob(None, "stop pruning at this share of pruned weights (none: the authors' "
-                                                 "0.9 on MNIST-like data, 0.5 otherwise)", low=0, high=1)
+    lottery_target_sparsity: float | None = knob(None, "stop pruning at this share of pruned weights (none: the "
+                                                 "authors' 0.9 on MNIST-like data, 0.5 otherwise)", low=0, high=1)
 
 
 MNIST_LIKE = ("mnist", "fmnist", "digits", "emnist")  # 28x28 (or 8x8) grayscale, small LeNets
@@ -95,7 +95,8 @@ class LotteryFL(Algorithm):
         self.initial: State = {}
         authors = AUTHORS_DEFAULTS[mnist_like(config.dataset)]
         given = self.params
-        self.acc_threshold = authors["acc_threshold"] if given.lottery_acc_threshold is None else given.lottery_acc_threshold
+        self.acc_threshold = (authors["acc_threshold"] if given.lottery_acc_threshold is None
+                              else given.lottery_acc_threshold)
         self.target_sparsity = (authors["target_sparsity"] if given.lottery_target_sparsity is None
                                 else given.lottery_target_sparsity)
 

@@ -57,7 +57,7 @@ from ..client_state import ClientState
 from ..config import ConfigError
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from ..training import State, derive_seed
+from ..training import State, clipped, derive_seed
 from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
 
 MAX_TARGET_PARAMS = 250_000
@@ -150,10 +150,10 @@ class PFedHN(Algorithm):
         steps, clip = self.params.pfedhn_inner_steps, self.params.pfedhn_max_grad_norm
         update = self.full_update()
         if steps is None:
-            return self.run_epochs(k, client, data, rnd, self.config.local_epochs, update, max_grad_norm=clip)
+            return self.run_epochs(k, client, data, rnd, self.config.local_epochs, update, corrections=clipped(clip))
         batch, n = self.config.batch_size, data.n_train
         passes, rest = divmod(steps, math.ceil(n / batch))
-        options: dict[str, Any] = {"max_grad_norm": clip}
+        options: dict[str, Any] = {"corrections": clipped(clip)}
         if self.config.momentum_scope == "round":
             options["velocity"] = {}
         stats = self.run_epochs(k, client, data, rnd, passes, update, **options)

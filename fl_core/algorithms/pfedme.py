@@ -18,15 +18,15 @@ in the batch order every method's "global" pass uses):
 The server mixes: w_global ← (1 − β) w_global + β · mean_k(w_k), β = `pfedme_beta`, the mean
 being FedAvg's (`weighting`, participants only). β = 1 is FedAvg's average, bit for bit.
 
-How it runs on the engine (no new trainer option): step 2 is the engine's own pass over the
-data (`run_epochs` on w) with a `loss_fn` whose value is λ/2 · ||w − θ̃||² (its gradient with
-respect to w is λ(w − θ̃), so the pass's SGD step is step 2, with the run's momentum and weight
-decay applied to it as to any loss). Inside that loss, for the batch it is given, step 1 runs
-first with `functional_sgd` (one full-batch step per "epoch", K epochs), anchored at the
-current w; its proximal gradient λ(θ − w) is added to the cross-entropy's directly
-(`grad_term`: the same float32 numbers autograd gave, without a graph over every parameter).
-The loss reports the batch's cross-entropy at θ̃'s last inner step as its value, so `loss` is
-the personalized model's training loss. The model never runs forward at w, so w's
+How it runs on the engine: step 1 is the pass's batch step (`inner_solve`, a
+`training.BatchStep`): on each batch, before w's step, `functional_sgd` (one full-batch step per
+"epoch", K epochs) anchored at the current w; its proximal gradient λ(θ − w) is added to the
+cross-entropy's directly (`grad_term`: the same float32 numbers autograd gave, without a graph
+over every parameter). Step 2 is the engine's own pass over the data (`run_epochs` on w) with a
+`loss_fn`, `pull`, whose gradient with respect to w is λ(w − θ̃), so the pass's SGD step is
+step 2, with the run's momentum and weight decay applied to it as to any loss. The loss reports
+the batch's cross-entropy at θ̃'s last inner step as its value, so `loss` is the personalized
+model's training loss. The model never runs forward at w, so w's
 BatchNorm buffers would stay at their initial values: after each local update the client's
 buffers are set to θ̃'s (buffers are never averaged).
 
@@ -109,16 +109,22 @@ class PFedMe(Algorithm):
             scale = float(np.float32(lam))
             return lambda n, theta_n: (theta_n.detach() - anchor[n]) * scale
 
-        def outer_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        def inner_solve(model: nn.Module, x: Tensor, y: Tensor) -> None:
+            """Step 1 on the batch: θ̃ from K steps anchored at w as the pass holds it now."""
             nonlocal theta, buffers
-            w = dict(model.named_parameters())  # the local model, as the pass holds it for this batch
+            w = dict(model.named_parameters())
             theta, buffers = functional_sgd(model, theta, buffers, x, y, lrs, batch_size=x.shape[0], seed=seed,
                                             epochs=steps, loss_fn=cross_entropy,
                                             grad_term=proximal({n: w[n].detach() for n in names}))
-            pull = 0.5 * lam * sum(((w[n] - theta[n]) ** 2).sum() for n in names)  # ∇_w = λ(w − θ̃)
-            return pull - pull.detach() + last_ce[0]  # value: θ̃'s cross-entropy; gradient: the pull's
 
-        stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(), loss_fn=outer_loss)
+        def pull(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+            """Step 2's loss: λ/2 ||w − θ̃||² (∇_w = λ(w − θ̃)); its value is θ̃'s cross-entropy."""
+            w = dict(model.named_parameters())
+            term = 0.5 * lam * sum(((w[n] - theta[n]) ** 2).sum() for n in names)
+            return term - term.detach() + last_ce[0]
+
+        stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
+                                batch_steps=[inner_solve], loss_fn=pull)
         client.extra["personal"] = theta | buffers
         client.state = client.state | {n: b.clone() for n, b in buffers.items()}
         gap = math.sqrt(sum(float((theta[n] - client.state[n]).pow(2).sum()) for n in names))

@@ -50,7 +50,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import masked_average
-from ..training import State
+from ..training import ShiftGradient, State
 from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
 from .fednova import local_steps_weight
 
@@ -79,14 +79,15 @@ class SCAFFOLD(Algorithm):
         """(K, a): the SGD steps of one local update on `n_train` samples and the ℓ1 norm of
         their step weights under the run's momentum (a = K without momentum)."""
         cfg = self.config
-        return local_steps_weight(cfg.local_epochs, math.ceil(n_train / cfg.batch_size), cfg.momentum, cfg.momentum_scope)
+        return local_steps_weight(cfg.local_epochs, math.ceil(n_train / cfg.batch_size), cfg.momentum,
+                                  cfg.momentum_scope)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         c, ck = self.control, client.extra.get(CONTROL)
         shift = c if ck is None else {n: c[n] - ck[n] for n in self.param_names}
         x = {n: client.state[n] for n in self.param_names}  # passes return new tensors: x stays as received
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
-                                grad_shift=shift)
+                                corrections=[ShiftGradient(shift)])
         steps, a = self.step_weight(data.x_train.shape[0])
         if a > 0:
             scale = 1.0 / (a * self.lr(rnd))

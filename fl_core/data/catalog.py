@@ -22,8 +22,9 @@ Options left at their defaults mean the source's own default (corruptions: mnist
 `DEFAULT_CORRUPTIONS`, cifar10c FedL2P's ten; severity 3; image_size 32, Mini-ImageNet 84;
 DomainNet FedBN's ten classes). An option given to a source that does not take it is an error,
 as is a corruption name the source does not have (`check_options`), and so are clients that do
-not fit the source's domains (`check_clients`); `RunConfig` calls both before any data is read. The readers: fl_core/data/sources.py (the first five),
-corrupted_sources.py, domain_sources.py and domain_folders.py.
+not fit the source's domains (`check_clients`); `RunConfig` calls both before any data is read. The
+readers: fl_core/data/sources.py (the first five), corrupted_sources.py, domain_sources.py and
+domain_folders.py.
 """
 from __future__ import annotations
 

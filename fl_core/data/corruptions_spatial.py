@@ -79,8 +79,8 @@ def _zoom(x, factor):
     oh, ow = int(round(ch * factor)), int(round(cw * factor))
     z = F.interpolate(torch.from_numpy(np.ascontiguousarray(crop)), size=(oh, ow),
                       mode="bilinear", align_corners=True).numpy()
-    t, l = (oh - h) // 2, (ow - w) // 2
-    return z.reshape(n, c, oh, ow)[:, :, t:t + h, l:l + w].transpose(0, 2, 3, 1)
+    row0, col0 = (oh - h) // 2, (ow - w) // 2
+    return z.reshape(n, c, oh, ow)[:, :, row0:row0 + h, col0:col0 + w].transpose(0, 2, 3, 1)
 
 
 def _motion(x, radius, sigma, angles):

@@ -149,18 +149,7 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
             dir_alpha=dir_alpha, samples_per_client=samples_per_client,
             test_samples_per_client=test_samples_per_client, min_samples=min_samples)
 
-    clients, train_idx, val_idx = [], [], []
-    for k, split in enumerate(splits):
-        train, val = split.train, split.train[:0]
-        if val_fraction > 0:
-            keep, held = split_validation(len(split.train), val_fraction, seed, k)
-            train, val = split.train[keep], split.train[held]
-        train_idx.append(train)
-        val_idx.append(val)
-        tr, va, te = torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(split.test)
-        # Advanced indexing copies, so every client owns contiguous tensors.
-        clients.append(ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te],
-                                  data.x_train[va], data.y_train[va]))
+    clients, train_idx, val_idx = client_tensors(data, splits, val_fraction, seed)
 
     def hist(y, indices):
         return np.stack([np.bincount(y[i], minlength=data.num_classes) for i in indices]).astype(np.int64)
@@ -178,6 +167,24 @@ def build_federated_data(*, dataset: str, num_clients: int, partition: str, seed
                          unseen)
 
 
+def client_tensors(data, splits, val_fraction: float, seed: int) -> tuple[list[ClientData], list, list]:
+    """Each client's tensors (its validation split cut from its training indices when
+    `val_fraction` > 0, `split_validation`), with the train and validation indices per client."""
+    clients, train_idx, val_idx = [], [], []
+    for k, split in enumerate(splits):
+        train, val = split.train, split.train[:0]
+        if val_fraction > 0:
+            keep, held = split_validation(len(split.train), val_fraction, seed, k)
+            train, val = split.train[keep], split.train[held]
+        train_idx.append(train)
+        val_idx.append(val)
+        tr, va, te = torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(split.test)
+        # Advanced indexing copies, so every client owns contiguous tensors.
+        clients.append(ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te],
+                                  data.x_train[va], data.y_train[va]))
+    return clients, train_idx, val_idx
+
+
 def held_out(client_domains: list[str | None], unseen_clients: int, unseen_domains: str, seed: int) -> tuple[int, ...]:
     """The unseen clients: every client of a domain in `unseen_domains` (comma-separated), then a
     sample of `unseen_clients` of the others drawn with (seed, 0x5EE) (independent of training)."""
@@ -185,6 +192,8 @@ def held_out(client_domains: list[str | None], unseen_clients: int, unseen_domai
     by_domain = [k for k, d in enumerate(client_domains) if d in names]
     rest = [k for k in range(len(client_domains)) if k not in by_domain]
     if unseen_clients > len(rest) - 1:
-        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train ({len(rest)} outside unseen domains)")
-    sample = np.random.default_rng([seed, 0x5EE]).choice(rest, size=unseen_clients, replace=False) if unseen_clients else []
+        raise DataError(f"unseen_clients={unseen_clients} leaves no client to train ({len(rest)} outside unseen "
+                        f"domains)")
+    sample = (np.random.default_rng([seed, 0x5EE]).choice(rest, size=unseen_clients, replace=False)
+              if unseen_clients else [])
     return tuple(sorted({*by_domain, *(int(k) for k in sample)}))

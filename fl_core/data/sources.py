@@ -146,7 +146,10 @@ def _from_float(name: str, x_tr, y_tr, x_te, y_te, num_classes: int) -> Dataset:
     """Build a Dataset from float arrays, normalising with the train mean/std."""
     mean, std = float(x_tr.mean()), float(x_tr.std())
     shape = (-1, *INPUT_SHAPES[name])
-    to_t = lambda a: torch.from_numpy(((a - mean) / std).astype(np.float32).reshape(shape))
+
+    def to_t(a):
+        return torch.from_numpy(((a - mean) / std).astype(np.float32).reshape(shape))
+
     return Dataset(name, to_t(x_tr), label_tensor(y_tr), to_t(x_te), label_tensor(y_te), num_classes)
 
 
@@ -157,7 +160,10 @@ def _load_digits() -> Dataset:
 def digits_uint8() -> tuple[np.ndarray, ...]:
     """The digits split as uint8 images (N, 8, 8) in 0..255 and labels (for `digits_c`)."""
     x_tr, y_tr, x_te, y_te = _digits_split()
-    to_u8 = lambda x: np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
+
+    def to_u8(x):
+        return np.rint(x * 255.0).astype(np.uint8).reshape(-1, 8, 8)
+
     return to_u8(x_tr), y_tr, to_u8(x_te), y_te
 
 

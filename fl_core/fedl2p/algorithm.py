@@ -95,18 +95,19 @@ class FedL2PParams(PersonalizeParams):
                           added=True)
     meta_steps: int = knob(3, "meta iterations K per client per round (the authors' outer_loop_epochs)", low=1)
     neumann_steps: int = knob(3, "meta_grad = ift: Neumann series terms Q of the inverse Hessian", low=0)
-    neumann_psi: float = knob(0.1, "meta_grad = ift: Neumann series step psi (the paper's 0.1); the series converges only when psi "
-                              "times the training loss's largest Hessian eigenvalue is below 2 (below 1 for a "
-                              "positive series): benchmarks/fedl2p_neumann.py measures it", low=0, low_open=True)
+    neumann_psi: float = knob(0.1, "meta_grad = ift: Neumann series step psi (the paper's 0.1); the series converges "
+                              "only when psi times the training loss's largest Hessian eigenvalue is below 2 (below 1 "
+                              "for a positive series): benchmarks/fedl2p_neumann.py measures it", low=0, low_open=True)
     meta_lr_bn: float = knob(1e-3, "SGD rate of BNNet's weights (zeta_bn)", low=0, search=_META_RATE)
     meta_lr_lr: float = knob(1e-3, "SGD rate of LRNet's weights (zeta_lr)", low=0, search=_META_RATE)
     meta_lr_post: float = knob(1e-4, "SGD rate of LRNet's post-multiplier eta~ (zeta_post)", low=0,
                                search=Space(1e-4, 1e-2, log=True, source=_META_SOURCE))
-    patience: int = knob(50, "rounds without a replacement of the kept lambda (keep) before meta-training stops", low=1)
-    keep: str = knob("paired", "which lambda is kept and scored: paired = the received lambda replaces the kept one when "
-                     "its validation loss, mean over the round's participants, is below the kept lambda's on the same "
-                     "participants and the same fine-tuning batches (each participant scores both); participants = "
-                     "the paper's rule, the lambda whose round had the lowest mean over that round's participants "
+    patience: int = knob(50, "rounds without a replacement of the kept lambda (keep) before meta-training stops",
+                         low=1)
+    keep: str = knob("paired", "which lambda is kept and scored: paired = the received lambda replaces the kept one "
+                     "when its validation loss, mean over the round's participants, is below the kept lambda's on the "
+                     "same participants and the same fine-tuning batches (each participant scores both); participants "
+                     "= the paper's rule, the lambda whose round had the lowest mean over that round's participants "
                      "(with few participants per round it mostly picks the round that sampled the easiest clients)",
                      choices=KEEPS)
 
@@ -130,6 +131,7 @@ class FedL2P(Personalizing):
     display = "FedL2P"
     Params = FedL2PParams
     communicates = True
+    broadcasts_model = False  # only λ travels
     needs_validation = True
 
     # ---------------------------------------------------------------- λ

@@ -181,7 +181,8 @@ class MetaStepSettings:
     lr_post: float = 1e-4
 
 
-def _loss(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+def _loss(model: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], x: Tensor,
+          y: Tensor) -> Tensor:
     return F.cross_entropy(functional_call(model, (dict(params), dict(buffers)), (x,)), y)
 
 
