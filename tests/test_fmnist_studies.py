@@ -115,7 +115,8 @@ PERFEDMASK_METHODS = ["PerFedMask", "FedBABU (weak ×0.5)", "FedProx (weak ×0.5
                       "HeteroFL (full width)", "FedAvg+FT (weak ×0.5)"]
 
 
-@pytest.mark.parametrize("preset, c, rounds, milestones", [("fmnist", 0.1, 100, "50,75"), ("fmnist_c1", 1.0, 25, "13,19")])
+@pytest.mark.parametrize("preset, c, rounds, milestones",
+                         [("fmnist", 0.1, 100, "50,75"), ("fmnist_c1", 1.0, 25, "13,19")])
 def test_perfedmask_fmnist_presets_run_the_authors_protocol_tuned_alike(preset, c, rounds, milestones, tmp_path):
     """100 devices, 10 a round at c = 0.1 (every one at c = 1), the devices' limits for every full-model
     baseline, the lr times 0.1 at 50 % and 75 % of the rounds, one momentum buffer per round, the round
