@@ -190,8 +190,8 @@ CLAIMS = (
     # FT approach, BN C", which the paper's numbers run in the authors' mode (FT (BN C, authors')).
     # Each row is tested for the paper's meta-gradient (FedL2P (IFT)) and for FOMAML+ (FedL2P)
     *(Claim("FedL2P", f"{FEDL2P_NAMES[method]} outperforms FT (BN C), the most commonly used fine-tuning{where}",
-            number, ("fedl2p_fmnist",), SUPERIORITY, method, "FT (BN C, authors')", source=f"FedL2P (NeurIPS 2023), {table}",
-            setting=setting, measure=measure)
+            number, ("fedl2p_fmnist",), SUPERIORITY, method, "FT (BN C, authors')",
+            source=f"FedL2P (NeurIPS 2023), {table}", setting=setting, measure=measure)
       for table, where, number, setting, measure in FEDL2P_TABLES for method in ("FedL2P (IFT)", "FedL2P")),
     # Table 1: one sweep per pretraining (its name says which), Dir(1000) and Dir(0.1)
     Claim("FedL2P", "FedL2P complements the pretraining method: FedL2P (IFT) outperforms FT (BN C) after FedAvg, "
