@@ -289,9 +289,7 @@ class LocalTrainer:
         trained = [self.params[n] for n in names]
         masks = [update[n] for n in names]
         masked_idx = [i for i, m in enumerate(masks) if m is not None]
-        if self.sgd.weight_decay:
-            corrections = [*corrections, WeightDecay(self.sgd.weight_decay)]
-        steps = [c.step(names) for c in sorted(corrections, key=lambda c: c.order)]
+        steps = self._gradient_steps(corrections, names)
         order = batch_order(seed, x.shape[0], x.device)
         loss_sum = torch.zeros((), device=x.device)
         try:
@@ -322,6 +320,13 @@ class LocalTrainer:
         finally:
             self._release_grads()
         return new, loss_sum, x.shape[0]
+
+    def _gradient_steps(self, corrections: Sequence[Correction], names: list[str]) -> list[Step]:
+        """The pass's gradient transforms for the trained tensors `names`, in their fixed order,
+        with the settings' weight decay among them."""
+        if self.sgd.weight_decay:
+            corrections = [*corrections, WeightDecay(self.sgd.weight_decay)]
+        return [c.step(names) for c in sorted(corrections, key=lambda c: c.order)]
 
     def _trained_copy(self, state: State, inplace: bool) -> State:
         """The state a pass trains: a fresh copy, or (`inplace`) `state`'s own tensors where they
