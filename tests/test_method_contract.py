@@ -284,3 +284,18 @@ def test_a_method_that_does_not_save_its_server_state_fails_the_resume_check(mon
     monkeypatch.setattr(simulation, "get_algorithm", lambda name: SavesItsMomentum)
     straight, resumed, _ = restore_mid_run(config, tmp_path / "saves")
     assert same(straight.algorithm.state_dict(), resumed.algorithm.state_dict())
+
+
+# ---------------------------------------------------------------------------- declarations
+def test_what_a_method_is_is_declared_and_a_wrong_declaration_fails_at_once():
+    """`acc_from` is one of `Scored` (a plain string is read as it) and `server` a bool, for every
+    registered method; a misspelt `acc_from` fails when the class is defined, naming what is allowed."""
+    from fl_core.algorithms.base import Scored
+
+    for name in ALGORITHMS:
+        cls = get_algorithm(name)
+        assert isinstance(cls.acc_from, Scored) and isinstance(cls.server, bool), name
+    assert [a for a in ALGORITHMS if not get_algorithm(a).has_server()] == ["local", "dispfl", "dpsgd", "ft", "l2p"]
+    with pytest.raises(TypeError, match=r"Typo.acc_from = 'globl': choose one of local, global, custom"):
+        type("Typo", (FedAvg,), {"acc_from": "globl"})
+    assert type("Plain", (FedAvg,), {"acc_from": "custom"}).acc_from is Scored.CUSTOM
