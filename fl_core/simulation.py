@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .algorithms import get_algorithm
-from .algorithms.base import ClientInfo
+from .algorithms.base import ClientInfo, Scored
 from .checkpoints import torch_save_atomic
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
@@ -225,7 +225,7 @@ class Simulation:
     def _scores_local(self) -> bool:
         """Whether the model after local training is scored (`eval_models = "acc"`: only the
         model reported as `acc`)."""
-        return self.config.eval_models != "acc" or self.algorithm.acc_from == "local"
+        return self.config.eval_models != "acc" or self.algorithm.acc_from == Scored.LOCAL
 
     def _client_round(self, k: int, plan: "_Plan", work: "_Work", changed: bool, loss: float) -> ClientRound:
         """Seen client k's row: on evaluated rounds its scores (`_evaluate`); a client that missed
@@ -263,11 +263,11 @@ class Simulation:
         reuse = self.reuse_scores and local is not None and not changed
         last = current.state if reuse else None  # the model whose scores are in hand
         global_ = local if last is not None else unscored
-        if last is None and (every_model or algo.acc_from == "global"):
+        if last is None and (every_model or algo.acc_from == Scored.GLOBAL):
             global_, last = self._scores(current.state, d), current.state
-        if algo.acc_from == "local":
+        if algo.acc_from == Scored.LOCAL:
             acc = local
-        elif algo.acc_from == "global":
+        elif algo.acc_from == Scored.GLOBAL:
             acc = global_
         else:
             chosen = algo.personalized_model(k, current, d, rnd)
@@ -293,7 +293,7 @@ class Simulation:
         down = download(algo, joined) if algo.communicates else 0
         stats = algo.local_update(k, joined, d, rnd)
         local = self._scores(joined.state, d)
-        again = algo.communicates and algo.acc_from != "local"
+        again = algo.communicates and algo.acc_from != Scored.LOCAL
         if again:
             download(algo, joined)
         scores = self._evaluate(k, rnd, local, joined, changed=again, every_model=True)

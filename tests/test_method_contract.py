@@ -3,7 +3,7 @@
 
 - **Resume.** Interrupted after 2 of 4 rounds and resumed from its saved state, a run continues
   exactly as the uninterrupted one: the same numbers every round, the same client states, masks
-  and extras, and the same server state (`Algorithm.state_dict`). Half the clients take part
+  and extras (value by value), and the same server state (`Algorithm.state_dict`). Half the clients take part
   each round, so a method whose server state is not saved (a momentum, a control variate, a
   hypernetwork, a mask schedule) diverges after the resume.
 - **Partial participation.** With `participation=0.5`, two of the four clients take part in each
@@ -46,7 +46,7 @@ from fl_core.knobs import base_type, describe_range, knob_fields
 from fl_core.results import CONFIG_EXTRA_COLUMNS, ROW_CONTEXT_COLUMNS, STANDARD_CLIENT_COLUMNS, known_config_columns
 from fl_core.simulation import Simulation
 
-from conftest import metrics, restore_mid_run, tiny
+from conftest import metrics, restore_mid_run, same, tiny
 
 PERSONALIZING = ("ft", "l2p", "fedl2p")  # they start from a pretraining's checkpoint
 OVERRIDES = {  # the smallest settings that exercise each method (its own tests use the same)
@@ -129,17 +129,6 @@ def runs(pretraining):
 
 
 # ---------------------------------------------------------------------------- resume
-def same(a, b) -> bool:
-    """Equal nested server states: tensors bit for bit, containers element by element."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)  # NaN equals NaN here
-
-
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_method_resumes_bit_identically_server_state_included(algorithm, pretraining, tmp_path):
     config = config_of(algorithm, pretraining, rounds=4, participation=0.5, momentum=0.5)
@@ -295,3 +284,18 @@ def test_a_method_that_does_not_save_its_server_state_fails_the_resume_check(mon
     monkeypatch.setattr(simulation, "get_algorithm", lambda name: SavesItsMomentum)
     straight, resumed, _ = restore_mid_run(config, tmp_path / "saves")
     assert same(straight.algorithm.state_dict(), resumed.algorithm.state_dict())
+
+
+# ---------------------------------------------------------------------------- declarations
+def test_what_a_method_is_is_declared_and_a_wrong_declaration_fails_at_once():
+    """`acc_from` is one of `Scored` (a plain string is read as it) and `server` a bool, for every
+    registered method; a misspelt `acc_from` fails when the class is defined, naming what is allowed."""
+    from fl_core.algorithms.base import Scored
+
+    for name in ALGORITHMS:
+        cls = get_algorithm(name)
+        assert isinstance(cls.acc_from, Scored) and isinstance(cls.server, bool), name
+    assert [a for a in ALGORITHMS if not get_algorithm(a).has_server()] == ["local", "dispfl", "dpsgd", "ft", "l2p"]
+    with pytest.raises(TypeError, match=r"Typo.acc_from = 'globl': choose one of local, global, custom"):
+        type("Typo", (FedAvg,), {"acc_from": "globl"})
+    assert type("Plain", (FedAvg,), {"acc_from": "custom"}).acc_from is Scored.CUSTOM

@@ -16,7 +16,7 @@ from fl_core.algorithms.moon import model_contrastive_loss
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
 
-from conftest import restore_mid_run, tiny
+from conftest import tiny
 
 
 def scores(result):
@@ -137,14 +137,7 @@ def _loaded(algo, state):
     return model.eval()
 
 
-# ---------------------------------------------------------------------------- save / restore, traffic, digits
-def test_moon_restores_mid_run(tmp_path):
-    straight, resumed, _ = restore_mid_run(tiny(algorithm="moon", rounds=4, participation=0.5, momentum=0.5), tmp_path)
-    for a, b in zip(straight.clients, resumed.clients):
-        if "moon_prev" in a.extra:
-            assert all(torch.equal(t, b.extra["moon_prev"][n]) for n, t in a.extra["moon_prev"].items())
-
-
+# ---------------------------------------------------------------------------- traffic, digits
 def test_traffic_is_fedavgs():
     fedavg, moon = (Simulation(tiny(algorithm=a, rounds=2, participation=0.5)) for a in ("fedavg", "moon"))
     model_bytes = BYTES_PER_ENTRY * sum(p.numel() for p in moon.trainer.params.values())

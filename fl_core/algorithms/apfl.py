@@ -50,7 +50,7 @@ from ..data import ClientData
 from ..functional import functional_cross_entropy
 from ..knobs import MethodParams, Space, knob
 from ..training import State
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class APFL(Algorithm):
     name = "apfl"
     display = "APFL"
     Params = APFLParams
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "mixed model α·v + (1-α)·w (personal v, broadcast w)"
 
     def init_client(self, k: int, init: State) -> ClientState:

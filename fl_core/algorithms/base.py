@@ -24,9 +24,10 @@ The core: most methods override only a few of these, in this order of frequency:
   state), `shared_names` (what is averaged), `personalized_model` (the scored model under
   `acc_from = "custom"`), `aggregate` / `receive` (a server step other than the masked average and
   its broadcast) and `state_dict` / `load_state_dict` (server state kept between rounds).
-Declarations (class attributes, no code): `name`, `display`, `Params`, `acc_from`, `communicates`,
-  `broadcasts_model`, `sampled_by`, `evaluates`, `reports_cost`, `sparse_states`,
-  `default_bn_stats`, `bn_stats_fixed`; `has_server()` and `evaluated_model()` follow from them.
+Declarations (class attributes, no code): `name`, `display`, `Params`, `acc_from` (a `Scored`),
+  `communicates`, `server`, `broadcasts_model`, `sampled_by`, `evaluates`, `reports_cost`,
+  `sparse_states`, `default_bn_stats`, `bn_stats_fixed`; `has_server()` and `evaluated_model()`
+  follow from them.
 The rest, grouped: who takes part and when (`participants`, `aggregates_in`); server-less methods
   (`neighbours`, `mix_neighbours`); what travels (`contribution`, `aggregation_weights`,
   `sent_bytes`, `sent_entries`, `withheld`); BatchNorm statistics under bn_stats = "global"
@@ -43,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 import numpy as np
@@ -97,12 +99,24 @@ class Traffic:
     down: list[int]
 
 
+class Scored(str, Enum):
+    """Which model a method's personalized accuracy `acc` measures (`Algorithm.acc_from`)."""
+
+    LOCAL = "local"     # its model after local training (`acc_local`)
+    GLOBAL = "global"   # its model after the communication step (`acc_global`)
+    CUSTOM = "custom"   # the model `personalized_model` returns
+
+
 class Algorithm:
     name: ClassVar[str]                 # the registry name (`algorithm`)
     display: ClassVar[str]              # the name in tables and legends
     Params: ClassVar[type[MethodParams]] = NoParams
-    acc_from: ClassVar[str] = "local"
+    acc_from: ClassVar[Scored] = Scored.LOCAL
     communicates: ClassVar[bool] = True
+    # Whether a server carries the rounds' traffic (the busiest node is then the server): False for
+    # the server-less methods (D-PSGD, DisPFL), True for FedFomo although clients pick whose models
+    # they download (`neighbours`): the server relays them.
+    server: ClassVar[bool] = True
     # Which model `acc` measures, in words for tables (the same training can be reported at two
     # points: FedSelect at p = 0 after local training, FedAvg after the broadcast).
     evaluates: ClassVar[str] = ""
@@ -127,16 +141,26 @@ class Algorithm:
     # a client's model as it was, and reuses its scores after local training.
     broadcasts_model: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A declared `acc_from` is one of `Scored` (a plain "local", "global" or "custom" is read as it)."""
+        super().__init_subclass__(**kwargs)
+        try:
+            cls.acc_from = Scored(cls.acc_from)
+        except ValueError:
+            raise TypeError(f"{cls.__name__}.acc_from = {cls.acc_from!r}: choose one of "
+                            f"{', '.join(s.value for s in Scored)}") from None
+
     @classmethod
     def has_server(cls) -> bool:
-        """Whether rounds go through a server (False: server-less, `neighbours` overridden, or no
-        communication). The busiest node of a server method is its server (it carries every
-        client's traffic); of a server-less one, the client with the most traffic."""
-        return cls.communicates and cls.neighbours is Algorithm.neighbours
+        """Whether rounds go through a server (`server`, for a method that communicates). The
+        busiest node of a server method is its server (it carries every client's traffic); of a
+        server-less one, the client with the most traffic."""
+        return cls.communicates and cls.server
 
     @classmethod
     def evaluated_model(cls) -> str:
-        return cls.evaluates or {"local": "after local training", "global": "after the broadcast"}[cls.acc_from]
+        points = {Scored.LOCAL: "after local training", Scored.GLOBAL: "after the broadcast"}
+        return cls.evaluates or points[cls.acc_from]
 
     def __init__(self, config: RunConfig, trainer: LocalTrainer, model_name: str) -> None:
         self.config = config

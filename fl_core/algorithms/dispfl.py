@@ -54,7 +54,7 @@ from ..sparse import (DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prun
                       regrow)
 from ..topology import TopologyParams
 from ..training import State, clipped, derive_seed
-from .base import ClientInfo, LocalStats, Traffic
+from .base import ClientInfo, LocalStats, Scored, Traffic
 from .dpsgd import DPSGD
 
 MIXED_DENSITIES = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -88,7 +88,7 @@ class DisPFL(DPSGD):
     name = "dispfl"
     display = "DisPFL"
     Params = DisPFLParams
-    acc_from = "local"
+    acc_from = Scored.LOCAL
     evaluates = "its sparse model after local training (acc_global: after aggregation, under its new mask)"
     sparse_states = True  # inactive entries are exactly 0 (set at init, kept by masked training and mixing)
 

@@ -31,7 +31,7 @@ from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, Space, knob
 from ..training import Proximal, State
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Ditto(Algorithm):
     name = "ditto"
     display = "Ditto"
     Params = DittoParams
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "personal model"
 
     def init_client(self, k: int, init: State) -> ClientState:

@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..topology import TopologyParams, active_clients, neighbours
-from .base import Algorithm
+from .base import Algorithm, Scored
 
 
 class DPSGD(Algorithm):
     name = "dpsgd"
     display = "D-PSGD"
     Params = TopologyParams
-    acc_from = "local"
+    acc_from = Scored.LOCAL
     evaluates = "its own model after local training (acc_global: after averaging with its neighbours)"
     sampled_by = "active"  # each client active with that probability, no server to sample them
+    server = False  # clients average with their neighbours; the busiest node is the busiest client
 
     def participants(self, rnd: int) -> list[int]:
         pool = [info.k for info in self.clients_info if info.seen]

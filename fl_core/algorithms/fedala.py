@@ -57,7 +57,7 @@ from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, knob
 from ..training import LocalTrainer, State, derive_seed
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class FedALA(Algorithm):
     name = "fedala"
     display = "FedALA"
     Params = FedALAParams
-    acc_from = "local"
+    acc_from = Scored.LOCAL
     evaluates = ("its model after local training, started from its adaptive local aggregation "
                  "(acc_global: the FedAvg model)")
 

@@ -16,11 +16,11 @@ biases local as well.
 """
 from __future__ import annotations
 
-from .base import Algorithm
+from .base import Algorithm, Scored
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     display = "FedAvg"
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
     default_bn_stats = "global"  # one global model, running statistics included

@@ -27,7 +27,7 @@ from ..data import ClientData
 from ..devices import WeakDeviceParams
 from ..knobs import ConfigError, MethodParams, knob
 from ..training import State, UpdateSpec
-from .base import Algorithm, ClientInfo, LocalStats
+from .base import Algorithm, ClientInfo, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class FineTuning(Algorithm):
 
     Params = FineTuneParams
     device_ratios: list[float] | None = None  # each device's width ratio, under `weak_epochs` only
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "fine-tuned copy (acc_global: before fine-tuning)"
     protocol = FineTuneProtocol()
     reports_cost = True  # PerFedMask's tables compare the fine-tuned methods' trainable parameters and FLOPs

@@ -20,7 +20,7 @@ from itertools import chain
 
 from torch import nn
 
-from .base import Algorithm
+from .base import Algorithm, Scored
 
 
 def batchnorm_entries(model: nn.Module) -> list[str]:
@@ -36,7 +36,7 @@ def batchnorm_entries(model: nn.Module) -> list[str]:
 class FedBN(Algorithm):
     name = "fedbn"
     display = "FedBN"
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
     bn_stats_fixed = True  # local BatchNorm is the method
     evaluates = "after the broadcast, with the client's own BatchNorm layers"
 

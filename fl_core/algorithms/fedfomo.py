@@ -65,7 +65,7 @@ from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, knob
 from ..training import LocalTrainer, State, derive_seed
-from .base import Algorithm, ClientInfo, Traffic
+from .base import Algorithm, ClientInfo, Scored, Traffic
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,10 @@ class FedFomo(Algorithm):
     name = "fedfomo"
     display = "FedFomo"
     Params = FedFomoParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
+    server = True  # it relays every model clients download and keeps the affinity matrix
     evaluates = ("its model after the FOMO update with the downloaded models (acc_local: after local training, "
                  "before it)")
-
-    @classmethod
-    def has_server(cls) -> bool:
-        return True  # the server relays every model and keeps the affinity matrix
 
     @classmethod
     def build_model(cls, config: RunConfig, model_name: str, input_shape: tuple[int, int, int],

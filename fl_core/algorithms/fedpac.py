@@ -67,7 +67,7 @@ from ..knobs import MethodParams, knob
 from ..masks import masked_average
 from ..models import FeatureTap, head_module
 from ..training import State, load_state
-from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
+from .base import Algorithm, BYTES_PER_ENTRY, ClientInfo, LocalStats, Scored, Traffic
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class FedPAC(Algorithm):
     name = "fedpac"
     display = "FedPAC"
     Params = FedPACParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)

@@ -11,13 +11,13 @@ The base layers (the registry's body) are averaged by the server; the personaliz
 """
 from __future__ import annotations
 
-from .base import Algorithm
+from .base import Algorithm, Scored
 
 
 class FedPer(Algorithm):
     name = "fedper"
     display = "FedPer"
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
 
     def shared_names(self) -> list[str]:
         return self.body_names

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class FedRep(Algorithm):
     name = "fedrep"
     display = "FedRep"
     Params = FedRepParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         head_epochs = self.config.local_epochs if self.params.head_epochs is None else self.params.head_epochs

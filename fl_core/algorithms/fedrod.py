@@ -48,7 +48,7 @@ from ..config import ConfigError, RunConfig
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..training import LossFn, State, UpdateSpec
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 P_HEAD = "personal_head"
 SWITCH = "personal"  # the buffer: 0 = generic prediction g(z), 1 = personalized g(z) + p(z)
@@ -110,7 +110,7 @@ class FedRoD(Algorithm):
     name = "fedrod"
     display = "FedRoD"
     Params = FedRoDParams
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "personalized prediction g(z) + p(z) after the broadcast (acc_global: the generic model)"
 
     @classmethod

@@ -57,7 +57,7 @@ from ..knobs import ConfigError, MethodParams, Space, knob
 from ..masks import as_float, grow_count, personal_fraction, select_largest
 from ..models import block_of
 from ..training import State, derive_seed
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 VARIANTS = ("gradselect", "personalize_least", "layer", "random")
 BLOCKS = ("A", "B", "C", "D")
@@ -96,7 +96,7 @@ class FedSelect(Algorithm):
     name = "fedselect"
     display = "FedSelect"
     Params = FedSelectParams
-    acc_from = "local"
+    acc_from = Scored.LOCAL
     include_ties = False  # entries tied with the last one selected become personal too
 
     def __new__(cls, config=None, *args, **kwargs):

@@ -39,7 +39,7 @@ from ..fedl2p.bn_mixing import bn_layers
 from ..fedl2p.personalize import ClientInputs, Policy, client_inputs, fine_tune, fine_tune_tracking, policy_predictor
 from ..knobs import ConfigError, MethodParams, Space, knob
 from ..training import derive_seed
-from .base import Algorithm, LocalStats, Predictor
+from .base import Algorithm, LocalStats, Predictor, Scored
 
 BN_MODES = ("C", "G", "I", "C_authors")
 
@@ -67,7 +67,7 @@ class FTParams(PersonalizeParams):
 class Personalizing(Algorithm):
     """Personalization of a pretrained model (shared by FT, FedL2P, L2P)."""
 
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     communicates = False
     evaluates = "pretrained model fine-tuned under the client's policy (acc_global: the pretrained model)"
     needs_validation: ClassVar[bool] = False

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from ..client_state import ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from .base import Algorithm, Traffic
+from .base import Algorithm, Scored, Traffic
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class LGFedAvg(Algorithm):
     name = "lg_fedavg"
     display = "LG-FedAvg"
     Params = LGFedAvgParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)

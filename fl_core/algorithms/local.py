@@ -5,11 +5,11 @@ Evaluated per client: its own model after local training (`acc_local`).
 """
 from __future__ import annotations
 
-from .base import Algorithm
+from .base import Algorithm, Scored
 
 
 class Local(Algorithm):
     name = "local"
     display = "Local"
-    acc_from = "local"
+    acc_from = Scored.LOCAL
     communicates = False

@@ -61,7 +61,7 @@ from ..knobs import MethodParams, knob
 from ..masks import as_float, personal_fraction, zero_where
 from ..sparse import prune_smallest
 from ..training import State
-from .base import Algorithm, ClientInfo, LocalStats
+from .base import Algorithm, ClientInfo, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class LotteryFL(Algorithm):
     name = "lotteryfl"
     display = "LotteryFL"
     Params = LotteryFLParams
-    acc_from = "local"
+    acc_from = Scored.LOCAL
 
     def __init__(self, config, trainer, model_name) -> None:
         super().__init__(config, trainer, model_name)

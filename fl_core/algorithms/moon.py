@@ -49,7 +49,7 @@ from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..models import FeatureTap, head_module
 from ..training import LossFn, State
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 PREVIOUS = "moon_prev"  # client.extra: the client's model at the end of its last local update
 
@@ -72,7 +72,7 @@ class MOON(Algorithm):
     name = "moon"
     display = "MOON"
     Params = MOONParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
     default_bn_stats = "global"  # one global model, as FedAvg
 
     def __init__(self, config, trainer, model_name) -> None:

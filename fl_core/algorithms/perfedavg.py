@@ -64,7 +64,7 @@ from ..data import ClientData
 from ..functional import functional_cross_entropy, hvp
 from ..knobs import MethodParams, knob
 from ..training import State, batch_order, derive_seed
-from .base import Algorithm, LocalStats
+from .base import Algorithm, LocalStats, Scored
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class PerFedAvgFO(Algorithm):
     name = "perfedavg_fo"
     display = "Per-FedAvg (FO)"
     Params = PerFedAvgParams
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "global model after one local α-step (acc_global: before it)"
     hessian: ClassVar[bool] = False
 

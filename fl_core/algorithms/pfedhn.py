@@ -58,7 +58,7 @@ from ..config import ConfigError
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..training import State, clipped, derive_seed
-from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
+from .base import Algorithm, BYTES_PER_ENTRY, ClientInfo, LocalStats, Scored, Traffic
 
 MAX_TARGET_PARAMS = 250_000
 CLIENT_KEY = "pfedhn_client"  # client.extra: the client's index (its embedding row)
@@ -106,7 +106,7 @@ class PFedHN(Algorithm):
     name = "pfedhn"
     display = "pFedHN"
     Params = PFedHNParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
     evaluates = "the model the hypernetwork generates for the client after the server step"
 
     # ---------------------------------------------------------------- set-up

@@ -58,7 +58,7 @@ from ..data import ClientData
 from ..functional import functional_cross_entropy, functional_sgd
 from ..knobs import MethodParams, Space, knob
 from ..training import State, derive_seed
-from .base import Algorithm, LocalStats, Traffic
+from .base import Algorithm, LocalStats, Scored, Traffic
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class PFedMe(Algorithm):
     name = "pfedme"
     display = "pFedMe"
     Params = PFedMeParams
-    acc_from = "custom"
+    acc_from = Scored.CUSTOM
     evaluates = "personalized model θ̃ (the last inner solution of its latest local update)"
 
     def init_client(self, k: int, init: State) -> ClientState:

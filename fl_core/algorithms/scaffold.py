@@ -51,7 +51,7 @@ from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import masked_average
 from ..training import ShiftGradient, State
-from .base import BYTES_PER_ENTRY, Algorithm, ClientInfo, LocalStats, Traffic
+from .base import Algorithm, BYTES_PER_ENTRY, ClientInfo, LocalStats, Scored, Traffic
 from .fednova import local_steps_weight
 
 CONTROL = "scaffold_c"        # client.extra: c_k (name -> tensor); absent while still zero
@@ -68,7 +68,7 @@ class SCAFFOLD(Algorithm):
     name = "scaffold"
     display = "SCAFFOLD"
     Params = SCAFFOLDParams
-    acc_from = "global"
+    acc_from = Scored.GLOBAL
     default_bn_stats = "global"  # one global model, as FedAvg
 
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
