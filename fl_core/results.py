@@ -333,8 +333,10 @@ def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chanc
     """Why a run diverged, "" when it did not: a training loss that became infinite, or NaN in a
     client that took part in the round and had a finite loss before (a NaN loss alone means the
     client did not train that round, as every client a round did not sample), or, given `chance`
-    (1 / number of classes), a mean accuracy that reached LEARNED x chance and ended at or below
-    COLLAPSED x chance (it learned, then fell to chance)."""
+    (1 / number of classes), a mean accuracy that ended at or below COLLAPSED x chance after the
+    run had learned: its mean accuracy, or that of its model after the communication step
+    (`acc_global`: the model a fine-tuning method starts from), reached LEARNED x chance. A method
+    scored once, at its last round (FedL2P, FT), is thus seen to collapse too."""
     rows = rounds.sort_values("round", kind="stable")
     loss = rows["loss"].astype(float)
     finite = pd.Series(np.isfinite(loss.to_numpy()), index=rows.index)
@@ -343,8 +345,9 @@ def divergence(rounds: pd.DataFrame, history: Sequence[Mapping[str, Any]], chanc
     if len(bad):
         return f"training loss {bad.iloc[0]} at round {int(rows.loc[bad.index[0], 'round'])}"
     accuracy = [h["acc_mean"] for h in history if not math.isnan(h["acc_mean"])]
-    if chance and accuracy and fell_to_chance(max(accuracy), accuracy[-1], chance):
-        return f"fell to chance: mean accuracy {accuracy[-1]:.3f} after {max(accuracy):.3f} (chance {chance:.3f})"
+    learned = [a for h in history for a in (h["acc_mean"], h.get("acc_global_mean", math.nan)) if not math.isnan(a)]
+    if chance and accuracy and fell_to_chance(max(learned), accuracy[-1], chance):
+        return f"fell to chance: mean accuracy {accuracy[-1]:.3f} after {max(learned):.3f} (chance {chance:.3f})"
     return ""
 
 

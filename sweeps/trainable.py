@@ -174,13 +174,15 @@ def _reported(progress: dict[str, Any], rows: pd.DataFrame, rnd: int, done: bool
     accuracy = progress["objective"] if math.isnan(summary["acc_mean"]) else summary["acc_mean"]
     selection, chosen_by = _selection(progress, summary, *selection_rule)
     lost = _lost(progress, rows)
-    diverged = lost or fell_to_chance(progress.get("peak", 0.0), summary["acc_mean"], provenance["chance"])
+    before_tuning = summary.get("acc_global_mean", math.nan)  # the model a fine-tuning method starts from
+    peak = max(progress.get("peak", 0.0), 0.0 if math.isnan(before_tuning) else before_tuning)
+    diverged = lost or fell_to_chance(peak, summary["acc_mean"], provenance["chance"])
     report = {"round": rnd, "acc_mean": accuracy, OBJECTIVE: selection, "done": done,
               "summary": summary, "diverged": diverged, **provenance, "reported_at": time.time()}
     return report, {"mb_total": summary["mb_total"], "objective": accuracy, "selection": selection,
                     "chosen_by": chosen_by, "last_report": report, "lost": lost,
                     "trained_clients": _trained(progress, rows),
-                    "peak": max(progress.get("peak", 0.0), 0.0 if math.isnan(accuracy) else accuracy)}
+                    "peak": max(peak, 0.0 if math.isnan(accuracy) else accuracy)}
 
 
 def _restored(run, data: FederatedData, folder: Path, saved: Path) -> tuple[Simulation, dict[str, Any]]:

@@ -144,6 +144,21 @@ def test_divergence_is_a_lost_loss_or_a_fall_to_chance_after_learning(loss, acc,
     assert divergence(rounds, summarize_trial(rounds), chance) == why
 
 
+def test_a_fine_tuning_that_ends_at_chance_from_a_learned_model_has_diverged():
+    """A method scored once, at its last round (FedL2P, FT), has no earlier peak: its model before
+    fine-tuning (`acc_global`) is what it had learned. FedL2P's Table-1 rerun ended one seed at 5 %
+    (chance 10 %) from a pretrained model far above chance, and it was averaged in as a result."""
+    from fl_core.results import summarize_trial
+
+    rounds = _rounds([1.0], [0.05], [0.05]).assign(acc_global=0.80, acc_local=0.80)
+    assert divergence(rounds, summarize_trial(rounds), 0.1) == \
+        "fell to chance: mean accuracy 0.050 after 0.800 (chance 0.100)"
+    started_low = rounds.assign(acc_global=0.15, acc_local=0.15)  # never learned: no collapse
+    assert divergence(started_low, summarize_trial(started_low), 0.1) == ""
+    poor = rounds.assign(acc=0.63)  # a poor run is a result, not a divergence
+    assert divergence(poor, summarize_trial(poor), 0.1) == ""
+
+
 def test_a_client_a_round_did_not_sample_has_no_loss_and_has_not_diverged():
     """Under partial participation a client trains in some rounds only: its NaN loss in the others
     is no divergence (it flagged every run of a c = 0.1 study before, and selection then had no
