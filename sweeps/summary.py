@@ -109,8 +109,8 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
     keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
     done = done.assign(config_key=config_keys(done))
     ran = done[done["acc_mean"].notna()]
-    chosen = {chosen_key(part, config_knobs(done.columns))
-              for _, part in ran.groupby([*cell, "method"], dropna=False, sort=False)}
+    swept = config_knobs(done.columns)
+    chosen = {chosen_key(part, swept) for _, part in ran.groupby([*cell, "method"], dropna=False, sort=False)}
     done = done[done["config_key"].isin(chosen)]
     lost = diverged(done)
     grouped = done.assign(acc_mean=done["acc_mean"].where(~lost), lost=lost).groupby(keys, dropna=False, sort=False)
