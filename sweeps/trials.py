@@ -35,7 +35,7 @@ from .plan import SweepPlan, reached_last_round, run_config
 from .stages import axis_knobs, group_name, objective_of
 
 TRIAL_INFO = ("resumed_from_round", "started_at", "reported_at", "gpus_assigned", "threads", "device",
-              "data_from_driver", "node_id", "kernels", "cpu_isa", "chance")
+              "data_from_driver", "node_id", "kernels", "cpu_isa")
 UNFINISHED = ("INTERRUPTED", "NOT_STARTED")
 
 
