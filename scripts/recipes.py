@@ -16,6 +16,7 @@ class Recipe:
     needs_data: bool = False
     figures: bool = True
     reports: tuple[tuple[str, str, str | None], ...] = ()     # (analysis module, report .md, plot .png)
+    claims_per_sweep: bool = False   # each sweep its own data (FedL2P's pretrainings), not seeds of one table
 
 
 def _fmnist(script: str, name: str, *args: str) -> tuple[str, str, tuple[str, ...]]:
@@ -56,7 +57,7 @@ RECIPES: dict[str, Recipe] = {
         "FedL2P's Table 1 in kind: three pretrainings, Dir(1000) and Dir(0.1), tuned alike",
         tuple(("t1-" + p, "fedl2p.py", ("--preset", "table1", "--pretraining", p))
               for p in ("fedavg", "fedbabu", "perfedavg_hf")),
-        table="fedl2p", needs_data=True, figures=False),
+        table="fedl2p", needs_data=True, figures=False, claims_per_sweep=True),
     "baselines-pfl": Recipe(
         "the ten further personalized baselines on Fashion-MNIST Dir(0.3)",
         (("pfl-fmnist", "baselines.py", ("--preset", "pfl", "--seeds", "0")),
