@@ -288,8 +288,7 @@ class Simulation:
                                personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
                                seconds=0.0, **row)
         t0 = time.perf_counter()
-        joined = ClientState(state=dict(client.state), mask=None if client.mask is None else client.mask.copy(),
-                             extra=dict(client.extra))
+        joined = client.copy()
         down = download(algo, joined) if algo.communicates else 0
         stats = algo.local_update(k, joined, d, rnd)
         local = self._scores(joined.state, d)
@@ -339,7 +338,7 @@ class Simulation:
             return _map_tensors(obj, lambda t: t.to(self.device))
 
         self.algorithm.load_state_dict(to_device(state["algorithm"]))
-        self.clients = [ClientState.from_dict(to_device(c)) for c in state["clients"]]
+        self.clients = [ClientState.from_dict(to_device(c), self.algorithm.Extras) for c in state["clients"]]
         self.completed = state["completed"]
         self.synced = list(state["synced"])
 
@@ -418,7 +417,7 @@ def _same_model(chosen, state: dict[str, torch.Tensor]) -> bool:
 
 def _caught_up(algo, client: ClientState) -> ClientState:
     """A copy of `client` after receiving the current broadcast (the client itself is unchanged)."""
-    copy = ClientState(state=dict(client.state), mask=client.mask, extra=dict(client.extra))
+    copy = ClientState(state=dict(client.state), mask=client.mask, extra=client.extra.copy())
     download(algo, copy)
     return copy
 

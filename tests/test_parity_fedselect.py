@@ -55,7 +55,7 @@ def test_tiny_faithful_run_reproduces_the_reference():
     assert correct == REFERENCE_CORRECT
     masks = []
     for client in sim.clients:  # the last round is not aggregated: its new mask is still held back
-        mask = PackedMask.from_dict(client.extra["next_mask"])
+        mask = PackedMask.from_dict(client.extra.next_mask)
         masks.append({n: [int(m.sum()), int(m.reshape(-1).nonzero().sum())] for n, m in sorted(mask.items())})
     assert masks == REFERENCE_MASKS
 

@@ -168,7 +168,7 @@ def compare_components(ref, sim: Simulation) -> None:
     for k, client in enumerate(sim.clients):
         algo.local_update(k, client, sim.data.clients[k], 1)
     sent = [{n: (~c.mask[n]).float() for n in algo.param_names} for c in sim.clients]
-    new = [{n: (~c.extra["next_mask"][n]).float() for n in algo.param_names} for c in sim.clients]
+    new = [{n: (~c.extra.next_mask[n]).float() for n in algo.param_names} for c in sim.clients]
     snapshot = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
     compare_mask_search(ref, sim, trainer, sent[0], snapshot[0])
 

@@ -212,7 +212,7 @@ class ReferenceRun:
 
 def next_masks(sim: Simulation) -> list[dict[str, torch.Tensor]]:
     """Each client's mask for its next round (held back until the broadcast, which the last round skips)."""
-    return [PackedMask.from_dict(c.extra["next_mask"]) if "next_mask" in c.extra else c.mask for c in sim.clients]
+    return [PackedMask.from_dict(c.extra.next_mask) if c.extra.next_mask is not None else c.mask for c in sim.clients]
 
 
 def mask_digest(mask: dict[str, torch.Tensor]) -> dict[str, list[int]]:
