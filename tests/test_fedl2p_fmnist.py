@@ -1,4 +1,4 @@
-"""The FedL2P study on Fashion-MNIST (`sweeps/fedl2p.py --preset fmnist`, studies/fedl2p_fmnist.toml)
+"""The FedL2P study on Fashion-MNIST (`python -m sweeps.run fedl2p_fmnist`, studies/fedl2p_fmnist.toml)
 plans what its file says, FedL2P's meta-gradient is FOMAML+ by default (IFT is the ablation), the
 ablations keep the file's meta rates, and a FedL2P run reports the initial λ's policy beside the
 learned one. Planning reads no data."""
