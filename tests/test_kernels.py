@@ -127,3 +127,16 @@ def test_a_cuda_run_in_the_reproducible_mode_is_deterministic_and_without_tf32()
     assert pinned == ["cuda=default False", "cuda=deterministic True True False False False"]
     off = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     assert off.stdout.splitlines()[1] == "cuda=default False False False True False"
+
+
+def test_a_cluster_job_carries_the_pins_to_workers_it_did_not_start(monkeypatch):
+    from argparse import Namespace
+
+    from sweeps.launch import worker_env
+
+    assert worker_env(Namespace(address=None, reproducible=True)) is None         # workers inherit the driver's
+    assert worker_env(Namespace(address="auto", reproducible=False)) is None
+    monkeypatch.setattr(kernels, "unavailable", lambda: None)
+    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS | kernels.PINS}
+    monkeypatch.setattr(kernels, "unavailable", lambda: "the CPU is aarch64")
+    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS}
