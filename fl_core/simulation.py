@@ -32,6 +32,7 @@ import torch
 from .algorithms import get_algorithm
 from .algorithms.base import ClientInfo, Scored
 from .checkpoints import torch_save_atomic
+from .kernels import settle_cuda
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
@@ -114,6 +115,7 @@ class Simulation:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
+        settle_cuda(self.device)  # the reproducible mode on a GPU (fl_core/kernels.py); nothing on the CPU
         if config.init_weights is not None and not Path(config.init_weights).expanduser().is_file():
             raise ConfigError(f"init_weights={config.init_weights!r}: no such file")  # before loading any data
         if config.pretrained:  # a missing or mismatched pretraining fails here, before any data is loaded
