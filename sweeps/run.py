@@ -41,6 +41,11 @@ def resolve(name: str):
     return Study(STUDIES / f"{name}.toml", f"-m sweeps.run {name}"), []
 
 
+def study_named(name: str):
+    """The Study `python -m sweeps.run NAME` starts, without the preset a sibling file's name implies."""
+    return resolve(name)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command (`python -m sweeps.run`, or `fl-study`); `argv` given: called from Python, where
     torch may be loaded already (the kernels are then as the process has them)."""
