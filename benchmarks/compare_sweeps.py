@@ -7,7 +7,7 @@ the package version) are left out; every other column must be equal (NaN equals 
 the number of rows and columns compared and each column that differs with its largest absolute
 difference; exits 1 when anything differs or a row is missing on one side.
 
-    .venv/bin/python benchmarks/compare_sweeps.py results/before results/after
+    .venv/bin/python -m benchmarks.compare_sweeps results/before results/after
 """
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeps.parquet_sink import read_rounds  # noqa: E402
+from sweeps.parquet_sink import read_rounds
 
 KEY = ["config_hash", "round", "client"]
 CIRCUMSTANTIAL = {"seconds", "round_seconds", "wall_seconds", "started_at", "reported_at", "sweep", "trial_id",

@@ -5,22 +5,20 @@ directly as uint8), otherwise random uint8 images of that shape. For the slowest
 corruptions it also times a per-image loop (corrupt() called on one image at a time) on a small
 sample and reports the extrapolated ratio loop / batched.
 
-    .venv/bin/python benchmarks/corruptions.py                  # severity 3, all 19
-    .venv/bin/python benchmarks/corruptions.py --severity 5 --n 10000 --only fog snow
+    .venv/bin/python -m benchmarks.corruptions                  # severity 3, all 19
+    .venv/bin/python -m benchmarks.corruptions --severity 5 --n 10000 --only fog snow
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from fl_core.data.corruptions import CORRUPTIONS, corrupt
 
-from fl_core.data.corruptions import CORRUPTIONS, corrupt  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 MNIST_IMAGES = REPO.parent / "shared" / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte"
 

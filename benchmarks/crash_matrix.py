@@ -11,8 +11,8 @@ kill it resumes the sweep (`--resume NAME`), until a run ends by itself. It then
   - the trials have the same statuses and rounds (trials.parquet);
   - MLflow: one run per trial, none left RUNNING, one sweep run.
 
-    python benchmarks/crash_matrix.py                      # every kind, 3 kills each (about 15 min)
-    python benchmarks/crash_matrix.py --kinds grid --kills 2 --seed 1
+    python -m benchmarks.crash_matrix                      # every kind, 3 kills each (about 15 min)
+    python -m benchmarks.crash_matrix --kinds grid --kills 2 --seed 1
 
 Progress is counted in (trial, round) rows written; a kill at fraction f of the run comes once that
 share of the uninterrupted run's rows exists (or, when a resumed run starts past it, once it has
@@ -36,12 +36,11 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.compare_sweeps import differences
+from sweeps.damage import rounds_on_disk
+from sweeps.parquet_sink import read_rounds
 
-from benchmarks.compare_sweeps import differences  # noqa: E402
-from sweeps.damage import rounds_on_disk  # noqa: E402
-from sweeps.parquet_sink import read_rounds  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TINY = ["--dataset", "synthetic", "--num-clients", "3", "--partition", "shards", "--shards-per-client", "3",
         "--batch-size", "16", "--local-epochs", "1", "--seeds", "0", "--verbose", "0"]
@@ -80,8 +79,8 @@ class Kind:
     moments: list[tuple[float, float]] = field(default_factory=lambda: [(0.1, 0.9)])  # ranges of progress
 
     def resume(self, results: Path, name: str) -> list[str]:
-        """The resume command: the script (and a study file) with --resume only; the plan is the saved one."""
-        head = self.command[:2] if self.command[0].endswith("run.py") else self.command[:1]
+        """The resume command: the script, or `-m sweeps.run STUDY`, with --resume only; the plan is the saved one."""
+        head = self.command[:3] if self.command[0] == "-m" else self.command[:1]
         return [*head, "--resume", name, "--results", str(results), "--verbose", "0"]
 
 
@@ -93,14 +92,14 @@ def kinds(work: Path) -> dict[str, Kind]:
     staged = ["sweeps/fedselect_grid.py", *TINY[:-4], "--partition", "shards", "iid", "--val-fraction", "0.2",
               "--seeds", "0", "1", "--anchors", "fedavg", "--search", "optuna", "--num-samples", "3",
               "--scheduler", "asha", "--max-concurrent", "1", "--rounds", "4", "--verbose", "0"]
-    dispfl = ["sweeps/dispfl.py", "--dataset", "synthetic", "--num-clients", "6", "--num-neighbours", "2",
-              "--rounds", "6", "--local-epochs", "1", "--density", "0.5", "0.8", "--topology", "random",
+    dispfl = ["-m", "sweeps.run", "dispfl", "--dataset", "synthetic", "--num-clients", "6", "--num-neighbours",
+              "2", "--rounds", "6", "--local-epochs", "1", "--density", "0.5", "0.8", "--topology", "random",
               "--seeds", "0", "--verbose", "0"]
     return {
         "grid": Kind("grid", grid, "fedselect_grid"),
         "staged": Kind("staged", staged, "fedselect_grid"),
         # pretraining is the first 6 of the run's 6 + 2 x 2 + 3 (trial, round) rows: kills in each stage
-        "two-stage": Kind("two-stage", ["sweeps/run.py", str(study), "--verbose", "0"], "two_stage",
+        "two-stage": Kind("two-stage", ["-m", "sweeps.run", str(study), "--verbose", "0"], "two_stage",
                           [(0.05, 0.35), (0.55, 0.9)]),
         "dispfl": Kind("dispfl", dispfl, "dispfl"),
     }

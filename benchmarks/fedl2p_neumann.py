@@ -13,32 +13,29 @@ series converges with positive terms) and with FOMAML+, printing the objective F
 (the validation loss after fine-tuning under the policy) before and after, and the ratio after /
 before (below 1: the meta-gradient helped), with each variant's CPU seconds.
 
-    python benchmarks/fedl2p_neumann.py --data-root ../shared/data      # 10 clients, 10 steps: ~2 min
-    python benchmarks/fedl2p_neumann.py --data-root ../shared/data --dataset fmnist_c       # ~3 CPU min
-    python benchmarks/fedl2p_neumann.py --dataset fmnist_c --variants fomaml --meta-lr-scale 10
+    python -m benchmarks.fedl2p_neumann --data-root ../shared/data      # 10 clients, 10 steps: ~2 min
+    python -m benchmarks.fedl2p_neumann --data-root ../shared/data --dataset fmnist_c       # ~3 CPU min
+    python -m benchmarks.fedl2p_neumann --dataset fmnist_c --variants fomaml --meta-lr-scale 10
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.checkpoints import save_model  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.fedl2p.bn_mixing import bn_mixing  # noqa: E402
-from fl_core.fedl2p.personalize import fine_tune, meta_step, split_state  # noqa: E402
-from fl_core.functional import hvp  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
+from fl_core.checkpoints import save_model
+from fl_core.config import RunConfig
+from fl_core.fedl2p.bn_mixing import bn_mixing
+from fl_core.fedl2p.personalize import fine_tune, meta_step, split_state
+from fl_core.functional import hvp
+from fl_core.simulation import Simulation
 
 
 # key -> (name, the meta-step settings it changes); {}: IFT at psi = 1 / lambda_max of the client

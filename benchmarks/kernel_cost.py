@@ -8,9 +8,9 @@ branch differs); on an AVX-512 CPU the mode gives up AVX-512's speed for AVX2's 
 column runs ATen and oneDNN at AVX2 with MKL's own branch: what a CPU whose best is AVX2 runs
 without the mode, so its ratio is the mode's cost there (MKL's pinned branch only).
 
-    .venv/bin/python benchmarks/kernel_cost.py                 # lenet (digits, 28x28), cnn2, resnet18
-    .venv/bin/python benchmarks/kernel_cost.py --models cnn2 --repeats 5
-    .venv/bin/python benchmarks/kernel_cost.py --out docs/results/kernels/cost.md   # the docs' table
+    .venv/bin/python -m benchmarks.kernel_cost                 # lenet (digits, 28x28), cnn2, resnet18
+    .venv/bin/python -m benchmarks.kernel_cost --models cnn2 --repeats 5
+    .venv/bin/python -m benchmarks.kernel_cost --out docs/results/kernels/cost.md   # the docs' table
 """
 from __future__ import annotations
 
@@ -21,21 +21,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from fl_core import kernels  # no torch: this process only starts the measurements
 
-from fl_core import kernels  # noqa: E402  (no torch: this process only starts the measurements)
+REPO = Path(__file__).resolve().parents[1]
 
 # model name -> (input shape, training steps of batch 32; a third as many forwards of batch 256)
 CASES = {"lenet-digits": ("lenet", (1, 8, 8), 150), "lenet": ("lenet", (1, 28, 28), 60),
          "cnn2": ("cnn2", (3, 32, 32), 30), "resnet18": ("resnet18", (3, 32, 32), 6)}
 
 CHILD = """
-import sys, time
-sys.path.insert(0, {repo!r})
+import time
 import torch
 from torch.nn import functional as F
 from fl_core.models import build_model
+
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = build_model({model!r}, {shape!r}, 10)
@@ -72,8 +71,8 @@ def measure(case: str, mode: str) -> float:
         kernels.pin(env)
     elif mode == "avx2":
         env.update(AVX2_OWN)
-    code = CHILD.format(repo=str(REPO), model=model, shape=shape, steps=steps)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    code = CHILD.format(model=model, shape=shape, steps=steps)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     return float(out.stdout.split()[0])
 
 

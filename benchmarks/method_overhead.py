@@ -20,9 +20,9 @@ One more, untimed round fingerprints every forward without gradients (its input 
 parameter values): the same model scored on the same inputs twice in one round is repeated work,
 counted in `repeats` (it is part of the limit, so the ratio alone would not show it).
 
-    .venv/bin/python benchmarks/method_overhead.py --models lenet --repeats 3
-    .venv/bin/python benchmarks/method_overhead.py --models lenet cnn2 resnet18 --markdown
-    .venv/bin/python benchmarks/method_overhead.py --methods fedavg fedselect --models cnn2
+    .venv/bin/python -m benchmarks.method_overhead --models lenet --repeats 3
+    .venv/bin/python -m benchmarks.method_overhead --models lenet cnn2 resnet18 --markdown
+    .venv/bin/python -m benchmarks.method_overhead --methods fedavg fedselect --models cnn2
 """
 from __future__ import annotations
 
@@ -34,17 +34,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-from benchmarks.fixtures import random_federated  # noqa: E402
-from fl_core.algorithms import ALGORITHMS, get_algorithm  # noqa: E402
-from fl_core.config import ConfigError, RunConfig  # noqa: E402
-from fl_core.models import build_model  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
+from benchmarks.fixtures import random_federated
+from fl_core.algorithms import ALGORITHMS, get_algorithm
+from fl_core.config import ConfigError, RunConfig
+from fl_core.models import build_model
+from fl_core.simulation import Simulation
 
 SHAPES = {"lenet": (1, 28, 28), "cnn2": (3, 32, 32), "resnet18": (3, 32, 32)}
 PRETRAINED = {"ft", "l2p", "fedl2p"}  # start from given weights (the second stage of the FedL2P study)

@@ -8,22 +8,19 @@ second half psi = d_w; fl_core.devices), PreResNet-18 at N = 20 (exact MILP unde
 and N = 100 (too large for the exact solver: "n/a"). `SCA` is `solve_sca` (best rounding over its iterates,
 the default); `SCA-last` is the last iterate's rounding, the authors' rule (after budget repair).
 
-    .venv/bin/python benchmarks/perfedmask_masks.py                  # about a minute on 2 cores
-    .venv/bin/python benchmarks/perfedmask_masks.py --large 0        # skip the N = 100 row
-    .venv/bin/python benchmarks/perfedmask_masks.py --ratios 4-1 --time-limit 120
+    .venv/bin/python -m benchmarks.perfedmask_masks                  # about a minute on 2 cores
+    .venv/bin/python -m benchmarks.perfedmask_masks --large 0        # skip the N = 100 row
+    .venv/bin/python -m benchmarks.perfedmask_masks --ratios 4-1 --time-limit 120
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca  # noqa: E402
+from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca
 
 
 def model_groups(model: str, shape: tuple[int, int, int]) -> tuple[list[str], np.ndarray]:

@@ -13,14 +13,13 @@ and `analysis.load.load_trials`; and, for comparison, reading `--journal-trials`
 one-file-per-round layout (engine v1, and a trial that has not finished) against their compacted
 files. Every read is checked for its row count and for no duplicated (trial, round, client).
 
-    .venv/bin/python benchmarks/read_sweep.py [--trials 1000] [--rounds 200] [--clients 10] [--keep DIR]
+    .venv/bin/python -m benchmarks.read_sweep [--trials 1000] [--rounds 200] [--clients 10] [--keep DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.load import load_rounds, load_trials  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.results import round_rows, trial_row, write_parquet  # noqa: E402
-from fl_core.simulation import ClientRound, RoundResult  # noqa: E402
-from sweeps import parquet_sink as sink  # noqa: E402
+from analysis.load import load_rounds, load_trials
+from fl_core.config import RunConfig
+from fl_core.results import round_rows, trial_row, write_parquet
+from fl_core.simulation import ClientRound, RoundResult
+from sweeps import parquet_sink as sink
 
 METHODS = [{"algorithm": "fedselect", "pers_rate": 0.1}, {"algorithm": "fedselect", "pers_rate": 0.5},
            {"algorithm": "fedavg"}, {"algorithm": "local"}, {"algorithm": "lotteryfl"},

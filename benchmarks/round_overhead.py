@@ -15,10 +15,10 @@ updates, GradSelect, masked averaging, broadcast. Target: ratio <= 1.15.
      1000-vs-100 ratio                                                            target <= 1.10
   5. `python -m fl_core` on digits: process start to the first "round   1" line   target <= 3 s
 
-    .venv/bin/python benchmarks/round_overhead.py                 # MNIST/LeNet if ../shared/data has MNIST
-    .venv/bin/python benchmarks/round_overhead.py --dataset digits
-    .venv/bin/python benchmarks/round_overhead.py --model resnet18 --threads 2 --repeats 3
-    .venv/bin/python benchmarks/round_overhead.py --all --threads 2
+    .venv/bin/python -m benchmarks.round_overhead                 # MNIST/LeNet if ../shared/data has MNIST
+    .venv/bin/python -m benchmarks.round_overhead --dataset digits
+    .venv/bin/python -m benchmarks.round_overhead --model resnet18 --threads 2 --repeats 3
+    .venv/bin/python -m benchmarks.round_overhead --all --threads 2
 """
 from __future__ import annotations
 
@@ -33,16 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+import torch
+from torch.nn import functional as F
 
-from benchmarks.fixtures import client_bytes, random_federated  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.data import FederatedData  # noqa: E402
-from fl_core.models import build_model  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
+from benchmarks.fixtures import client_bytes, random_federated
+from fl_core.config import RunConfig
+from fl_core.data import FederatedData
+from fl_core.models import build_model
+from fl_core.simulation import Simulation
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -128,9 +127,9 @@ def peak_rss_mode(kind: str, model: str, clients: int, threads: int) -> None:
 
 
 def peak_rss(kind: str, model: str, clients: int, threads: int, env: dict[str, str] | None = None) -> dict[str, int]:
-    out = subprocess.run([sys.executable, __file__, "--rss", kind, "--model", model, "--clients", str(clients),
-                          "--threads", str(threads)], capture_output=True, text=True, check=True, cwd=REPO,
-                         env=None if env is None else os.environ | env)
+    argv = ["--rss", kind, "--model", model, "--clients", str(clients), "--threads", str(threads)]
+    out = subprocess.run([sys.executable, "-m", "benchmarks.round_overhead", *argv], capture_output=True, text=True,
+                         check=True, cwd=REPO, env=None if env is None else os.environ | env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

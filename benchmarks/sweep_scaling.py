@@ -12,28 +12,26 @@ from the object store, Parquet and state file per round):
               spends outside rounds per trial, (k x wall - sum of round time) / trials; an upper
               bound, as it includes the k cold starts of that sweep.                target <= 3 s
 
-    .venv/bin/python benchmarks/sweep_scaling.py [--rounds 20] [--k 2]
+    .venv/bin/python -m benchmarks.sweep_scaling [--rounds 20] [--k 2]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ray  # noqa: E402
-from ray import tune  # noqa: E402
+import ray
+from ray import tune
 
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.data import load_data  # noqa: E402
-from sweeps.plan import grid_space  # noqa: E402
-from sweeps.resources import TrialResources  # noqa: E402
-from sweeps.trainable import run_trial  # noqa: E402
+from fl_core.config import RunConfig
+from fl_core.data import load_data
+from sweeps.plan import grid_space
+from sweeps.resources import TrialResources
+from sweeps.trainable import run_trial
 
 
 class Timeline(tune.Callback):

@@ -1,6 +1,6 @@
 """Trials per hour of a real sweep at 1 and at 2 concurrent trials, and the efficiency of the second.
 
-Runs a sweep script (`sweeps/<script>.py` with the arguments after `--`) twice from the command
+Runs a study (`python -m sweeps.run STUDY` with the arguments after `--`) twice from the command
 line, as a user would, in a fresh results folder each time: once with `--max-concurrent 1`, once
 with `--max-concurrent 2` (the cores of the development machine). For each it reports
   - trials per hour over the whole command (process start to exit: Ray start, data, every trial,
@@ -11,9 +11,9 @@ with `--max-concurrent 2` (the cores of the development machine). For each it re
 A trial's cold start (scheduled -> first round) is timed by `benchmarks/sweep_scaling.py`.
 Efficiency = (trials per hour at 2 / trials per hour at 1) / 2; the target is >= 0.9.
 
-    .venv/bin/python benchmarks/sweep_throughput.py fedselect_grid                       # the default sweep, 96 trials
-    .venv/bin/python benchmarks/sweep_throughput.py fedselect_grid -- --seeds 0          # a third of it
-    .venv/bin/python benchmarks/sweep_throughput.py baselines -- --preset pfl --data-root ../shared/data \\
+    .venv/bin/python -m benchmarks.sweep_throughput fedselect_grid                       # the default sweep, 96 trials
+    .venv/bin/python -m benchmarks.sweep_throughput fedselect_grid -- --seeds 0          # a third of it
+    .venv/bin/python -m benchmarks.sweep_throughput baselines_pfl -- --data-root ../shared/data \\
         --algorithms fedavg fedavg_ft local scaffold --rounds 10
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_sweep(script: str, args: list[str], concurrent: int, results: Path) -> dict:
     """Run the sweep once; return its wall time and the trial phase read from trials.parquet."""
     name = f"throughput-c{concurrent}"
-    command = [sys.executable, str(REPO / "sweeps" / f"{script}.py"), *args, "--name", name,
+    command = [sys.executable, "-m", "sweeps.run", script, *args, "--name", name,
                "--results", str(results), "--max-concurrent", str(concurrent)]
     start = time.time()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -52,13 +52,13 @@ def run_sweep(script: str, args: list[str], concurrent: int, results: Path) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("script", help="a sweep under sweeps/, e.g. fedselect_grid or baselines")
+    parser.add_argument("script", help="a study in studies/, e.g. fedselect_grid or baselines_pfl")
     parser.add_argument("args", nargs="*", help="its arguments (after --)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the two sweeps' folders here (default: a temporary folder, removed)")
     opts = parser.parse_args()
-    if not (REPO / "sweeps" / f"{opts.script}.py").is_file():
-        parser.error(f"no sweep sweeps/{opts.script}.py")
+    if not (REPO / "studies" / f"{opts.script}.toml").is_file():
+        parser.error(f"no study studies/{opts.script}.toml")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for concurrent in (1, 2):
@@ -68,7 +68,7 @@ def main() -> None:
                   f"({row['per_hour']:.0f} trials/hour); trial phase {row['phase']:.0f} s "
                   f"({row['phase_per_hour']:.0f} trials/hour); median trial {row['trial_seconds']:.1f} s", flush=True)
     one, two = rows
-    print(f"\nsweeps/{opts.script}.py {' '.join(opts.args)}")
+    print(f"\npython -m sweeps.run {opts.script} {' '.join(opts.args)}")
     print("| concurrent trials | trials | wall (s) | trials / hour | trial phase (s) | trials / hour, trial phase "
           "| median trial (s) |")
     print("|---|---|---|---|---|---|---|")

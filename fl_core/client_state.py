@@ -1,4 +1,5 @@
-"""One client's state between rounds: its model state, its mask (mask-based methods), extras.
+"""One client's state between rounds: its model state, its mask (mask-based methods), and what
+its method keeps besides (`ClientExtras`: a dataclass each method declares beside its knobs).
 
 The mask is kept bit-packed (`PackedMask`, 1 bit per entry instead of a bool's byte): with
 thousands of clients, or ResNet-sized models, masks at rest would otherwise add a quarter of the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -168,16 +170,46 @@ class PackedMask(MutableMapping):
         return out
 
 
+@dataclass(slots=True, eq=False)
+class ClientExtras:
+    """What a method keeps per client between rounds besides the model state and the mask. A method
+    declares a subclass (`Algorithm.Extras`, `@dataclass(slots=True, eq=False)`) with one field
+    per item, each None while unset; a name that is not a field is an AttributeError, not a new
+    key. A checkpoint holds `to_dict()`: the fields that are set, by name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> "ClientExtras":
+        unknown = sorted(set(saved) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"a saved client state holds {unknown}, which {cls.__name__} does not declare "
+                             f"(fields: {', '.join(f.name for f in fields(cls)) or 'none'})")
+        return cls(**saved)
+
+    def copy(self) -> "ClientExtras":
+        """A shallow copy: the same values (tensors are shared), its own fields."""
+        return replace(self)
+
+
+@dataclass(slots=True, eq=False)
+class PersonalModel(ClientExtras):
+    """A second model a client keeps and never sends (Ditto's v_k, pFedMe's θ̃, APFL's v)."""
+    personal: State | None = None
+
+
 class ClientState:
-    """One client: its full model state (parameters and buffers) and, for masked methods, its mask."""
+    """One client: its full model state (parameters and buffers), for masked methods its mask, and
+    its method's extras (`ClientExtras`)."""
 
     __slots__ = ("state", "_mask", "extra")
 
     def __init__(self, state: State, mask: Mapping[str, Tensor] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: ClientExtras | None = None) -> None:
         self.state = state
         self.mask = mask
-        self.extra = {} if extra is None else extra
+        self.extra = ClientExtras() if extra is None else extra
 
     @property
     def mask(self) -> PackedMask | None:
@@ -189,15 +221,22 @@ class ClientState:
         self._mask = mask if mask is None or isinstance(mask, PackedMask) else PackedMask(mask)
 
     def __repr__(self) -> str:
-        return f"ClientState({len(self.state)} tensors, mask={self._mask!r}, extra={sorted(self.extra)})"
+        return (f"ClientState({len(self.state)} tensors, mask={self._mask!r}, "
+                f"extra={sorted(self.extra.to_dict())})")
+
+    def copy(self) -> "ClientState":
+        """A shallow copy: the same tensors in its own containers (state dict, mask bits, extras)."""
+        return ClientState(state=dict(self.state), mask=None if self._mask is None else self._mask.copy(),
+                           extra=self.extra.copy())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain tensors, ints and dicts (what `torch.save` writes and `weights_only` loads)."""
         return {"state": self.state, "mask": None if self._mask is None else self._mask.to_dict(),
-                "extra": self.extra}
+                "extra": self.extra.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ClientState":
-        """From `to_dict()`; also takes the mask as a plain dict of bool tensors (older states)."""
+    def from_dict(cls, d: dict[str, Any], extras: type[ClientExtras] = ClientExtras) -> "ClientState":
+        """From `to_dict()`, its extras as the method's `extras` class; also takes the mask as a
+        plain dict of bool tensors (older states)."""
         mask = None if d["mask"] is None else PackedMask.from_dict(d["mask"])
-        return cls(state=d["state"], mask=mask, extra=d["extra"])
+        return cls(state=d["state"], mask=mask, extra=extras.from_dict(d["extra"]))

@@ -22,9 +22,17 @@ and the tests' conftest.py pins before it imports torch. `in_effect()` reads bac
 really runs (ATen's capability, MKL's branch) and `require` refuses a run that asked for the mode
 but was loaded without it. Nothing here imports torch at module level.
 
+On a CUDA device the mode asks for run-to-run identical numbers on that GPU (`settle_cuda`, called
+by the engine when it puts a run on the GPU): torch's deterministic algorithms (cuBLAS with a fixed
+workspace, `CUBLAS_WORKSPACE_CONFIG`, which `pin` sets before CUDA loads), cuDNN without autotuning,
+and TF32 off (full float32 in matrix products and convolutions, as on the CPU). An operation with no
+deterministic CUDA kernel warns rather than stops the run (`warn_only`), as the mode cannot know
+every method's operations in advance.
+
 Not pinned, so not the same across machines: other architectures (an ARM CPU has other kernels
 and another BLAS: the mode is reported as unavailable there and nothing is pinned), x86-64 CPUs
-without AVX2, GPUs, other versions of torch or numpy, and another number of threads per run.
+without AVX2, GPU models against each other or against the CPU, other versions of torch or numpy,
+and another number of threads per run.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ PINS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR":
 # Variables that change the kernels (or their precision) besides the pins: removed in the mode.
 OVERRIDES = ("DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS", "DNNL_CPU_ISA_HINTS", "MKL_ENABLE_INSTRUCTIONS",
              "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE", "MKL_DEBUG_CPU_TYPE")
+# cuBLAS's deterministic mode: a fixed workspace per handle (CUDA's documented setting), read when cuBLAS loads
+CUDA_PINS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 OPT_OUT = "--no-reproducible"
 # MKL's branch codes (mkl.h: MKL_CBWR_BRANCH_OFF, MKL_CBWR_AUTO, MKL_CBWR_COMPATIBLE, ...).
 MKL_BRANCHES = {0: "off", 1: "unpinned", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -77,6 +87,7 @@ def pin(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Put the pins into `environ` (default: this process's environment) and remove the overrides.
     Returns None, or why nothing was pinned (`unavailable`)."""
     environ = os.environ if environ is None else environ
+    environ.update(CUDA_PINS)  # a GPU's determinism does not depend on the CPU
     reason = unavailable()
     if reason is None:
         for name in OVERRIDES:
@@ -130,6 +141,28 @@ def pinned(state: dict[str, str]) -> bool:
     """Whether `state` (from `in_effect`) is the reproducible mode's."""
     return (state["aten"] == "AVX2" and state["mkl"] in ("COMPATIBLE", "none")
             and state["onednn"] == PINS["ONEDNN_MAX_CPU_ISA"])
+
+
+def cuda_pinned(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether this process was started in the reproducible mode as far as a GPU is concerned."""
+    environ = os.environ if environ is None else environ
+    return all(environ.get(k) == v for k, v in CUDA_PINS.items())
+
+
+def settle_cuda(device) -> str:
+    """For a run on a CUDA `device` in the reproducible mode (`cuda_pinned`): deterministic
+    algorithms, no cuDNN autotuning, no TF32. Returns what it set, e.g. 'cuda=deterministic', or
+    'cuda=default' (not a CUDA device, or the mode is off: torch's own choices stay)."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda" or not cuda_pinned():
+        return "cuda=default"
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return "cuda=deterministic"
 
 
 def require(reproducible: bool) -> str:

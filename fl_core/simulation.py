@@ -32,6 +32,7 @@ import torch
 from .algorithms import get_algorithm
 from .algorithms.base import ClientInfo, Scored
 from .checkpoints import torch_save_atomic
+from .kernels import settle_cuda
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
@@ -114,6 +115,7 @@ class Simulation:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
+        settle_cuda(self.device)  # the reproducible mode on a GPU (fl_core/kernels.py); nothing on the CPU
         if config.init_weights is not None and not Path(config.init_weights).expanduser().is_file():
             raise ConfigError(f"init_weights={config.init_weights!r}: no such file")  # before loading any data
         if config.pretrained:  # a missing or mismatched pretraining fails here, before any data is loaded
@@ -288,8 +290,7 @@ class Simulation:
                                personal_fraction=algo.personal_fraction(client), bytes_up=0, bytes_down=0,
                                seconds=0.0, **row)
         t0 = time.perf_counter()
-        joined = ClientState(state=dict(client.state), mask=None if client.mask is None else client.mask.copy(),
-                             extra=dict(client.extra))
+        joined = client.copy()
         down = download(algo, joined) if algo.communicates else 0
         stats = algo.local_update(k, joined, d, rnd)
         local = self._scores(joined.state, d)
@@ -339,7 +340,7 @@ class Simulation:
             return _map_tensors(obj, lambda t: t.to(self.device))
 
         self.algorithm.load_state_dict(to_device(state["algorithm"]))
-        self.clients = [ClientState.from_dict(to_device(c)) for c in state["clients"]]
+        self.clients = [ClientState.from_dict(to_device(c), self.algorithm.Extras) for c in state["clients"]]
         self.completed = state["completed"]
         self.synced = list(state["synced"])
 
@@ -418,7 +419,7 @@ def _same_model(chosen, state: dict[str, torch.Tensor]) -> bool:
 
 def _caught_up(algo, client: ClientState) -> ClientState:
     """A copy of `client` after receiving the current broadcast (the client itself is unchanged)."""
-    copy = ClientState(state=dict(client.state), mask=client.mask, extra=dict(client.extra))
+    copy = ClientState(state=dict(client.state), mask=client.mask, extra=client.extra.copy())
     download(algo, copy)
     return copy
 

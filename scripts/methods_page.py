@@ -3,8 +3,8 @@ first paragraph of its module's docstring), the model it evaluates per client (t
 "Evaluated per client" line) and its knobs with their defaults and help (the `knob` declarations).
 Nothing in that page is typed by hand; `tests/test_docs.py` fails when it is out of date.
 
-    .venv/bin/python scripts/methods_page.py           # rewrite docs/methods.md
-    .venv/bin/python scripts/methods_page.py --check   # exit 1 if docs/methods.md differs
+    .venv/bin/python -m scripts.methods_page           # rewrite docs/methods.md
+    .venv/bin/python -m scripts.methods_page --check   # exit 1 if docs/methods.md differs
 """
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from fl_core.algorithms import ALGORITHMS, get_algorithm
+from fl_core.knobs import knob_fields
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from fl_core.algorithms import ALGORITHMS, get_algorithm  # noqa: E402
-from fl_core.knobs import knob_fields  # noqa: E402
-
 PAGE = REPO / "docs" / "methods.md"
 
 
@@ -60,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         same = PAGE.exists() and PAGE.read_text() == text
         print("docs/methods.md is up to date" if same else
-              "docs/methods.md is out of date: run scripts/methods_page.py")
+              "docs/methods.md is out of date: run python -m scripts.methods_page")
         return 0 if same else 1
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(text)

@@ -1,11 +1,11 @@
 """Run a study the documentation reports and regenerate its result files under docs/results/.
 
-    python scripts/reproduce.py NAME            # run the sweep(s), then write the tables and figures
-    python scripts/reproduce.py NAME --tables-only   # tabulate sweeps already in --results
-    python scripts/reproduce.py default --check      # run the default sweep in a temporary folder and
+    python -m scripts.reproduce NAME            # run the sweep(s), then write the tables and figures
+    python -m scripts.reproduce NAME --tables-only   # tabulate sweeps already in --results
+    python -m scripts.reproduce default --check      # run the default sweep in a temporary folder and
                                                      # fail when its tables differ from the committed ones
-    python scripts/reproduce.py NAME --check --from-data  # recompute the tables from the committed data
-    python scripts/reproduce.py --list
+    python -m scripts.reproduce NAME --check --from-data  # recompute the tables from the committed data
+    python -m scripts.reproduce --list
 
 Every result table in the docs is a Markdown file that `analysis` wrote from a named sweep
 (`build_tables(..., markdown=True)`); the pages include these files and never type a number.
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from recipes import CLAIMS_FROM, RECIPES, Recipe   # scripts/recipes.py, beside this file
+from scripts.recipes import CLAIMS_FROM, RECIPES, Recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_RESULTS = ROOT / "docs" / "results"
@@ -63,8 +63,8 @@ def commit_label() -> str:
 
 
 def command_line(recipe: Recipe, sweep: tuple[str, str, tuple[str, ...]], results: Path, data_root: str) -> list[str]:
-    name, script, args = sweep
-    cmd = [sys.executable, str(ROOT / "sweeps" / script), *args, "--results", str(results), "--name", name]
+    name, study, args = sweep
+    cmd = [sys.executable, "-m", "sweeps.run", study, *args, "--results", str(results), "--name", name]
     return cmd + [DATA, data_root] if recipe.needs_data else cmd
 
 
@@ -367,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
                     return done.returncode
             seconds = time.monotonic() - start
-        sys.path.insert(0, str(ROOT))
         out = Path(tmp) / "fresh" if args.check else committed
         written = tabulate(args.name, recipe, results, out)
         if args.check:

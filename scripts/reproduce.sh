@@ -5,4 +5,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
 cd "$root"
-exec "$root/.venv/bin/python" scripts/reproduce.py "$@"
+exec "$root/.venv/bin/python" -m scripts.reproduce "$@"

@@ -1,28 +1,19 @@
 """FedSelect ablation study (the paper's Table 3): GradSelect against personalizing the least
 changed entries, random entries, and one whole block (A-D) — x datasets x partitions x seeds.
-The study is the file studies/ablation.toml; this script runs it with two flags of its own.
+The study is the file studies/ablation.toml; this module gives it two flags of its own
+(`python -m sweeps.run` finds them here).
 
-    python sweeps/ablation.py                           # digits; 2 shards per client and Dir(0.1)
-    python sweeps/ablation.py --variants gradselect random --seeds 0 1 2
+    python -m sweeps.run ablation                           # digits; 2 shards per client and Dir(0.1)
+    python -m sweeps.run ablation --variants gradselect random --seeds 0 1 2
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":  # a signal from here until the sweep starts: one line, its exit status
-    from sweeps.interrupts import while_starting
-    while_starting()
-    from fl_core.kernels import pin_from_argv
-    pin_from_argv(sys.argv[1:])  # the reproducible mode, before torch loads (fl_core/kernels.py)
-
-from fl_core.algorithms.fedselect import BLOCKS, VARIANTS  # noqa: E402
-from sweeps.spec import STUDIES, Method, StudySpec  # noqa: E402
-from sweeps.study import Study, run_study  # noqa: E402
+from fl_core.algorithms.fedselect import BLOCKS, VARIANTS
+from sweeps.spec import STUDIES, Method, StudySpec
+from sweeps.study import Study
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +39,4 @@ def customize(spec: StudySpec, args: argparse.Namespace) -> StudySpec:
     return replace(spec, methods=tuple(methods))
 
 
-STUDY = Study(STUDIES / "ablation.toml", "sweeps/ablation.py", add_arguments, customize)
-
-if __name__ == "__main__":
-    sys.exit(run_study(STUDY))
+STUDY = Study(STUDIES / "ablation.toml", "-m sweeps.run ablation", add_arguments, customize)

@@ -1,14 +1,14 @@
 """FedL2P study, two stages: FedAvg (or FedBABU, or Per-FedAvg (HF)) pretrains one model per data
 setting and seed, then FT (BN C), FT (BN G), FT (BN I), L2P and FedL2P personalize it (the paper's Tables 2-4), on MNIST
 label skew and mnist_c feature shift, Dir(α) with α in {1000, 1, 0.5, 0.1}, seen and unseen
-clients, 3 seeds. The study is studies/fedl2p.toml; this script runs it with flags over it
-(`python sweeps/run.py studies/fedl2p.toml` is the same without this script's own flags).
+clients, 3 seeds. The study is studies/fedl2p.toml; this module gives it flags of its own
+(`python -m sweeps.run` finds them here).
 
-    python sweeps/fedl2p.py --data-root ../shared/data                 # the README's table, ~15 min
-    python sweeps/fedl2p.py --data-root ../shared/data --ablations     # + Table 5/8's ablations
-    python sweeps/fedl2p.py --dataset digits_c --corruptions clean     # offline, no MNIST files
-    python sweeps/fedl2p.py --data-root ../shared/data --pretraining fedbabu --ft-epochs 5 15
-    python sweeps/fedl2p.py --preset fmnist --data-root ../shared/data --pretraining perfedavg_hf  # Table 1's third row
+    python -m sweeps.run fedl2p --data-root ../shared/data               # the README's table, ~15 min
+    python -m sweeps.run fedl2p --data-root ../shared/data --ablations   # + Table 5/8's ablations
+    python -m sweeps.run fedl2p --dataset digits_c --corruptions clean   # offline, no MNIST files
+    python -m sweeps.run fedl2p --data-root ../shared/data --pretraining fedbabu --ft-epochs 5 15
+    python -m sweeps.run fedl2p_fmnist --data-root ../shared/data --pretraining perfedavg_hf
 
 Outputs as every study, plus tables/fedl2p.tex (rows: data setting, seen/unseen clients, e;
 columns: Global Acc, FT (BN C/G/I), L2P, FedL2P and the ablations run; mean ± std over seeds),
@@ -19,20 +19,10 @@ models are <sweep>/checkpoints/<config hash>.pt; a resumed sweep never pretrains
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-if __name__ == "__main__":  # a signal from here until the sweep starts: one line, its exit status
-    from sweeps.interrupts import while_starting
-    while_starting()
-    from fl_core.kernels import pin_from_argv
-    pin_from_argv(sys.argv[1:])  # the reproducible mode, before torch loads (fl_core/kernels.py)
-
-from sweeps.spec import STUDIES, Method, StudySpec  # noqa: E402
-from sweeps.study import Study, run_study  # noqa: E402
+from sweeps.spec import STUDIES, Method, StudySpec
+from sweeps.study import Study
 
 # the paper's Table 1 pretrainings: FedAvg, FedBABU, Per-FedAvg (HF) (fl_core/algorithms/perfedavg.py: the
 # [pretraining] table's lr is its β, its momentum acts on the meta-update; α and δ at their defaults)
@@ -72,7 +62,4 @@ def customize(spec: StudySpec, args: argparse.Namespace) -> StudySpec:
     return replace(spec, methods=methods, pretraining=pre)
 
 
-STUDY = Study(STUDIES / "fedl2p.toml", "sweeps/fedl2p.py", add_arguments, customize)
-
-if __name__ == "__main__":
-    sys.exit(run_study(STUDY))
+STUDY = Study(STUDIES / "fedl2p.toml", "-m sweeps.run fedl2p", add_arguments, customize)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .errors import SweepError
+from .spec import STUDIES
 
 # sweep.json format: 2 = Tune configs are validated flat configs (engine v2); 3 = the results
 # semantics of fl_core.config.RESULTS_REVISION 3; 4 = the study is a file (study.toml beside
@@ -57,15 +58,8 @@ def resume_name(args: argparse.Namespace) -> str | None:
 
 
 def study_command(study: str) -> str:
-    """The command that runs `study`: `python sweeps/<study>.py`, or for a preset file
-    `<stem>_<preset>.toml` of a script `sweeps/<stem>.py`, that script with `--preset <preset>`."""
-    scripts = Path(__file__).parent
-    if (scripts / f"{study}.py").exists():
-        return f"python sweeps/{study}.py"
-    for script in sorted(scripts.glob("*.py"), key=lambda p: -len(p.stem)):
-        if study.startswith(f"{script.stem}_"):
-            return f"python sweeps/{script.name} --preset {study.removeprefix(f'{script.stem}_')}"
-    return f"python sweeps/{study}.py"
+    """The command that runs the study named `study`: by its name when studies/ holds its file."""
+    return f"python -m sweeps.run {study if (STUDIES / f'{study}.toml').exists() else 'STUDY_FILE.toml'}"
 
 
 def saved_study(folder: Path) -> str | None:

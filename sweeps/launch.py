@@ -119,10 +119,11 @@ def kernel_line(reproducible: bool) -> str:
 
 def worker_env(args) -> dict | None:
     """Ray's runtime environment for a cluster this driver joins (`--address`): its workers were not
-    started from this process, so the pins travel as environment variables of the job."""
-    if args.address is None or not args.reproducible or kernels.unavailable():
+    started from this process, so the pins travel as environment variables of the job (the GPU's
+    even where the CPU's cannot be pinned)."""
+    if args.address is None or not args.reproducible:
         return None
-    return {"env_vars": dict(kernels.PINS)}
+    return {"env_vars": dict(kernels.CUDA_PINS) | ({} if kernels.unavailable() else dict(kernels.PINS))}
 
 
 def loopback_only() -> None:

@@ -36,7 +36,7 @@ class SweepPlan:
     """A validated sweep, ready to launch."""
 
     study: str                       # the study's name: MLflow experiment and sweep-name prefix
-    command: str                     # how the study is started, e.g. `python sweeps/fedselect_grid.py`
+    command: str                     # how the study is started, e.g. `python -m sweeps.run fedl2p`
     folder: Path                     # <results>/<sweep name>
     args: argparse.Namespace         # where and how it runs (results, resources, ...; saved to sweep.json)
     spec: Any                        # the resolved study spec (sweeps.spec.StudySpec; saved to study.toml)

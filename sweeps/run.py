@@ -1,41 +1,83 @@
-"""Run any study file (sweeps/spec.py; the project's are in studies/), with flags over it.
+"""Start a study: the one command every study runs with (`fl-study` is the same).
 
-    python sweeps/run.py studies/fedselect_asha.toml
-    python sweeps/run.py studies/fedselect_optuna.toml --dry-run
-    python sweeps/run.py my_study.toml --rounds 5 --seeds 0 --lr 0.05 0.1
-    python sweeps/run.py my_study.toml --resume            # the latest sweep of that study
+    python -m sweeps.run fedselect_grid                      # studies/fedselect_grid.toml
+    python -m sweeps.run fedl2p --preset fmnist --data-root ../shared/data
+    python -m sweeps.run fedl2p_fmnist --data-root ../shared/data   # the same study, named by its file
+    python -m sweeps.run baselines --help                    # the study's flags, its own ones included
+    python -m sweeps.run my_study.toml --rounds 5 --seeds 0 --lr 0.05 0.1
+    python -m sweeps.run fedl2p_fmnist --resume              # the latest sweep of that study
+
+STUDY is a file (`*.toml`) or the name of one in studies/. `python sweeps/fedselect_grid.py`, the
+main entry, is `python -m sweeps.run fedselect_grid`. A study with flags of its own (FedL2P's
+--pretraining, the baselines' presets, ...) has a module beside this one, `sweeps/<stem>.py`,
+whose `STUDY` declares them; its sibling files `studies/<stem>_<preset>.toml` are its presets,
+so `fedl2p_fmnist` is `fedl2p --preset fmnist`.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+def resolve(name: str):
+    """(Study, arguments it implies) for a study file or a study name (see the module docstring)."""
+    from sweeps.errors import SweepError
+    from sweeps.spec import STUDIES
+    from sweeps.study import Study, study_of_file
+
+    if name.endswith(".toml") or "/" in name:
+        return study_of_file(name), []
+    if not (STUDIES / f"{name}.toml").exists():
+        known = ", ".join(sorted(p.stem for p in STUDIES.glob("*.toml")))
+        raise SweepError(f"no study {name!r}: give a .toml file or one of the studies in {STUDIES}: {known}")
+    parts = name.split("_")
+    for cut in range(len(parts), 0, -1):  # the longest prefix with a module of its own
+        stem = "_".join(parts[:cut])
+        if (Path(__file__).parent / f"{stem}.py").exists():
+            study = getattr(importlib.import_module(f"sweeps.{stem}"), "STUDY", None)
+            if isinstance(study, Study):
+                return study, ([] if stem == name else ["--preset", name.removeprefix(f"{stem}_")])
+    return Study(STUDIES / f"{name}.toml", f"-m sweeps.run {name}"), []
+
+
+def study_named(name: str):
+    """The Study `python -m sweeps.run NAME` starts, without the preset a sibling file's name implies."""
+    return resolve(name)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command (`python sweeps/run.py`, or `fl-study`); `argv` given: called from Python."""
-    if argv is None:  # a signal from here until the sweep starts: one line, its exit status
-        from sweeps.interrupts import while_starting
-        while_starting()
-        from fl_core.kernels import pin_from_argv
-        pin_from_argv(sys.argv[1:])  # the reproducible mode, before torch loads (fl_core/kernels.py)
-    from sweeps.errors import SweepError
-    from sweeps.study import run_study, study_of_file
+    """The command (`python -m sweeps.run`, or `fl-study`); `argv` given: called from Python, where
+    torch may be loaded already (the kernels are then as the process has them)."""
+    return start(sys.argv[1:]) if argv is None else run(argv)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+
+def start(argv: list[str]) -> int:
+    """A process's first call: a signal from here until the sweep starts is one line and its exit
+    status, and the reproducible mode's pins go into the environment before torch loads."""
+    from sweeps.interrupts import while_starting
+    while_starting()
+    from fl_core.kernels import pin_from_argv
+    pin_from_argv(argv)  # fl_core/kernels.py
+    return run(argv)
+
+
+def run(argv: list[str]) -> int:
+    """Resolve the study (argv[0]) and run it with the rest of `argv` as its flags."""
+    from sweeps.errors import SweepError
+    from sweeps.study import run_study
+
     if not argv or argv[0].startswith("-"):
-        print(__doc__.strip() + "\n\nerror: give the study file first (e.g. studies/fedselect_grid.toml); "
-              "`python sweeps/run.py STUDY.toml --help` lists its flags", file=sys.stderr)
+        print(__doc__.strip() + "\n\nerror: name the study first (e.g. fedselect_grid or studies/x.toml); "
+              "`python -m sweeps.run STUDY --help` lists its flags", file=sys.stderr)
         return 2
     try:
-        study = study_of_file(argv[0])
+        study, implied = resolve(argv[0])
         study.name  # reads the file: a missing or bad one is one error here
     except SweepError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return run_study(study, argv[1:])
+    return run_study(study, implied + argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Running a study file: its command line, its trials, validation. A study is a TOML file
-(sweeps/spec.py, the project's in studies/); `python sweeps/run.py STUDY.toml [flags]` runs any
-of them, and the study scripts (fedselect_grid.py, baselines.py, ablation.py) are thin wrappers
-over their files that keep a few flags of their own (`Study.add_arguments` / `customize`).
+(sweeps/spec.py, the project's in studies/); `python -m sweeps.run STUDY [flags]` runs any of
+them (sweeps/run.py), and a study with flags of its own declares them in a module of its name
+(sweeps/fedl2p.py, sweeps/ablation.py: `Study.add_arguments` / `customize`).
 
 Flags over the file. Every knob of fl_core is a flag, generated from its declaration (help,
 allowed values), showing the file's value as its default, except --algorithm (the methods are
@@ -49,8 +49,8 @@ RUNTIME = ("results", "name", "tracking_uri", "resume", "checkpoint_every", "ver
 
 @dataclass(frozen=True)
 class Study:
-    """A study file and how it is started: `script` (e.g. `sweeps/fedselect_grid.py`, or
-    `sweeps/run.py studies/x.toml`), optional flags of its own and how they change the spec."""
+    """A study file and how it is started: `script` (what follows `python`, e.g.
+    `-m sweeps.run fedl2p`), optional flags of its own and how they change the spec."""
 
     spec: Path
     script: str
@@ -72,7 +72,7 @@ class Study:
 
 
 def study_of_file(path: str | Path) -> Study:
-    return Study(Path(path), f"sweeps/run.py {path}")
+    return Study(Path(path), f"-m sweeps.run {path}")
 
 
 # ====================================================================== flags

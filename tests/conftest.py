@@ -114,7 +114,7 @@ def restore_mid_run(config: RunConfig, folder: Path, at: int = 2):
         assert (a.mask is None) == (b.mask is None)
         if a.mask is not None:
             assert all(torch.equal(m, b.mask[n]) for n, m in a.mask.items())
-        assert same(a.extra, b.extra), sorted(a.extra)  # a method's own client state, value by value
+        assert same(a.extra.to_dict(), b.extra.to_dict()), a.extra  # its method's own client state, value by value
     return straight, resumed, expected
 
 

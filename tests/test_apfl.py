@@ -34,7 +34,7 @@ def test_apfl_with_alpha_zero_is_fedavg_exactly(model):
         assert torch.equal(t, apfl.algorithm.global_state[name]), name
     for ca, cf in zip(apfl.clients, fedavg.clients):
         assert all(torch.equal(t, ca.state[n]) for n, t in cf.state.items())
-        assert float(ca.extra["alpha"]) == 0.0
+        assert float(ca.extra.alpha) == 0.0
 
 
 @pytest.mark.parametrize("model", ["lenet", "lenet_bn"])
@@ -44,12 +44,12 @@ def test_apfl_with_alpha_one_trains_exactly_the_local_models(model):
     for ra, rl in zip(apfl.run(), local.run()):
         assert [c.acc for c in ra.clients] == [c.acc for c in rl.clients]
     for ca, cl in zip(apfl.clients, local.clients):
-        assert set(ca.extra["personal"]) == set(cl.state)
+        assert set(ca.extra.personal) == set(cl.state)
         for name, t in cl.state.items():
-            assert torch.equal(ca.extra["personal"][name], t), name
+            assert torch.equal(ca.extra.personal[name], t), name
     # ... while w still communicates (the shared part is FedAvg's, not the personal model).
     names = apfl.algorithm.param_names
-    assert any(not torch.equal(c.state[n], c.extra["personal"][n]) for c in apfl.clients for n in names)
+    assert any(not torch.equal(c.state[n], c.extra.personal[n]) for c in apfl.clients for n in names)
 
 
 def test_apfl_local_step_moves_w_v_and_alpha_as_the_paper_writes():
@@ -63,8 +63,8 @@ def test_apfl_local_step_moves_w_v_and_alpha_as_the_paper_writes():
     moved = 0
     for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
         w = {n: c.state[n].clone().requires_grad_(True) for n in names}
-        v = {n: c.extra["personal"][n].clone() for n in names}
-        a = float(c.extra["alpha"])
+        v = {n: c.extra.personal[n].clone() for n in names}
+        a = float(c.extra.alpha)
         mixed = {n: (a * v[n] + (1 - a) * w[n].detach()).requires_grad_(True) for n in names}
         g_w = torch.autograd.grad(F.cross_entropy(functional_call(model, w, (d.x_train,)), d.y_train), list(w.values()))
         g_bar = torch.autograd.grad(F.cross_entropy(functional_call(model, mixed, (d.x_train,)), d.y_train),
@@ -72,11 +72,11 @@ def test_apfl_local_step_moves_w_v_and_alpha_as_the_paper_writes():
         slope = sum(float(((v[n] - w[n].detach()).double() * g.double()).sum()) for n, g in zip(names, g_bar))
         expected_alpha = min(1.0, max(0.0, a - alpha_lr * slope))
         algo.local_update(k, c, d, 2)
-        assert float(c.extra["alpha"]) == pytest.approx(expected_alpha, abs=1e-6)
+        assert float(c.extra.alpha) == pytest.approx(expected_alpha, abs=1e-6)
         moved += abs(expected_alpha - a) > 1e-4
         for n, gw, gb in zip(names, g_w, g_bar):
             torch.testing.assert_close(c.state[n], w[n].detach() - lr * gw, atol=1e-6, rtol=1e-5)
-            torch.testing.assert_close(c.extra["personal"][n], v[n] - lr * a * gb, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(c.extra.personal[n], v[n] - lr * a * gb, atol=1e-6, rtol=1e-5)
     assert moved == len(sim.clients)
 
 
@@ -86,7 +86,7 @@ def test_apfl_adaptive_alpha_moves_and_stays_in_the_unit_interval():
     for result in sim.run():
         alphas = [c.metrics["mixing_alpha"] for c in result.clients]
         assert all(0.0 < a < 1.0 and a != start for a in alphas), alphas
-    assert [float(c.extra["alpha"]) for c in sim.clients] == alphas
+    assert [float(c.extra.alpha) for c in sim.clients] == alphas
     # A large step drives α onto the boundary: it is clipped there, never beyond.
     big = Simulation(tiny(algorithm="apfl", apfl_alpha=start, apfl_adaptive=True, apfl_alpha_lr=5.0, rounds=2))
     alphas = [c.metrics["mixing_alpha"] for r in big.run() for c in r.clients]
@@ -94,7 +94,7 @@ def test_apfl_adaptive_alpha_moves_and_stays_in_the_unit_interval():
     # Fixed α never moves.
     fixed = Simulation(tiny(algorithm="apfl", apfl_alpha=start, rounds=2))
     list(fixed.run())
-    assert all(float(c.extra["alpha"]) == start for c in fixed.clients)
+    assert all(float(c.extra.alpha) == start for c in fixed.clients)
 
 
 def test_apfl_scores_the_mixed_model_and_sends_only_w():
@@ -110,7 +110,7 @@ def test_apfl_scores_the_mixed_model_and_sends_only_w():
     algo = apfl.algorithm
     for k, (c, d, cr) in enumerate(zip(apfl.clients, apfl.data.clients, ra.clients)):
         w = c.state if cr.participated else algo.global_state
-        a, v = float(c.extra["alpha"]), c.extra["personal"]
+        a, v = float(c.extra.alpha), c.extra.personal
         mixed = {n: a * v[n] + (1 - a) * w[n] if n in algo.param_names else v[n] for n in c.state}
         torch.testing.assert_close(cr.acc, apfl.trainer.evaluate(mixed, d.x_test, d.y_test) / d.n_test)
         assert cr.personal_fraction == 1.0
@@ -120,8 +120,8 @@ def test_apfl_restore_mid_run_continues_bit_identically(tmp_path):
     config = tiny(algorithm="apfl", rounds=3, apfl_adaptive=True, momentum=0.5, weight_decay=1e-3, participation=0.75)
     straight, resumed, _ = restore_mid_run(config, tmp_path)
     for a, b in zip(straight.clients, resumed.clients):
-        assert torch.equal(a.extra["alpha"], b.extra["alpha"])
-        assert all(torch.equal(t, b.extra["personal"][n]) for n, t in a.extra["personal"].items())
+        assert torch.equal(a.extra.alpha, b.extra.alpha)
+        assert all(torch.equal(t, b.extra.personal[n]) for n, t in a.extra.personal.items())
 
 
 @pytest.mark.slow

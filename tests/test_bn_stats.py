@@ -92,7 +92,7 @@ def test_a_client_that_missed_broadcasts_is_scored_with_the_servers_statistics()
     from fl_core.simulation import download
     outputs = []
     for client in sim.clients:
-        copy = type(client)(state=dict(client.state), mask=client.mask, extra=dict(client.extra))
+        copy = type(client)(state=dict(client.state), mask=client.mask, extra=client.extra.copy())
         download(sim.algorithm, copy)
         assert all(torch.equal(copy.state[n], v) for n, v in server.items())
         outputs.append(logits(sim, copy.state, x))

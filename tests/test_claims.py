@@ -4,7 +4,6 @@ Holm within one paper, best as an intersection–union test, and the committed c
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pandas as pd
@@ -14,11 +13,9 @@ from analysis import paired
 from analysis.claims import (BEST, CLAIMS, EQUIVALENCE, EQUIVALENT, HOLDS, LESS_MB, NONINFERIORITY, NOT_RUN, OPPOSITE,
                              SUPERIORITY, UNSURE, Claim, check_claims, main, to_markdown)
 from conftest import REPO
+from scripts import reproduce
 from sweeps.errors import SweepError
 from sweeps.spec import load_spec
-
-sys.path.insert(0, str(REPO / "scripts"))
-import reproduce  # noqa: E402
 
 STUDY = "baselines_fmnist"
 SETTING = "fmnist, 2 shards"

@@ -160,12 +160,13 @@ def test_a_full_disk_mid_run_is_one_error_and_keeps_the_rounds_written(tmp_path,
 @pytest.mark.parametrize("command, args, code, needle", [
     ("fl-run", ["--help"], 0, "usage: python -m fl_core"),
     ("fl-tables", ["--help"], 0, "usage: python -m analysis.tables"),
-    ("fl-study", [], 2, "error: give the study file first"),
+    ("fl-study", [], 2, "error: name the study first"),
     ("fl-study", ["studies/fedselect_grid.toml", "--dry-run"], 0, "anchor"),
+    ("fl-study", ["fedselect_grid", "--dry-run"], 0, "anchor"),
 ])
 def test_console_scripts_are_the_module_commands(command, args, code, needle, tmp_path):
     """`pip install -e .` puts the engine, the study runner and the tables on PATH (pyproject's
-    [project.scripts]); each is the `python -m` / `python sweeps/run.py` command of the same name."""
+    [project.scripts]); each is the `python -m` command of the same name."""
     script = Path(sys.executable).parent / command
     assert script.exists(), f"{script}: run scripts/setup.sh (pyproject.toml changed)"
     done = subprocess.run([str(script), *args, *(["--results", str(tmp_path)] if "--dry-run" in args else [])],
@@ -192,3 +193,28 @@ def test_a_single_run_of_a_small_cnn_takes_one_thread_unless_told(tmp_path, caps
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_study_starts_by_its_name_its_presets_name_or_its_file(tmp_path, capsys):
+    """`python -m sweeps.run STUDY`, the one way every study starts (sweeps/run.py): a name in
+    studies/, with the flags of its own of a module sweeps/<stem>.py (a sibling file is that
+    study's preset), or a file; an unknown name is one error listing the studies."""
+    from sweeps.errors import SweepError
+    from sweeps.run import resolve, run
+    from sweeps.spec import STUDIES
+
+    study, implied = resolve("fedl2p_fmnist")
+    assert study.spec == STUDIES / "fedl2p.toml" and implied == ["--preset", "fmnist"] and study.customize
+    study, implied = resolve("fedselect_grid_paper")
+    assert study.spec == STUDIES / "fedselect_grid.toml" and implied == ["--preset", "paper"]
+    study, implied = resolve("baselines_fmnist")  # no module of its own: the file, as it is
+    assert study.spec == STUDIES / "baselines_fmnist.toml" and implied == [] and study.customize is None
+    assert study.script == "-m sweeps.run baselines_fmnist"
+    own = tmp_path / "mine.toml"
+    own.write_text((STUDIES / "tuned_digits.toml").read_text())
+    assert resolve(str(own))[0].spec == own
+    with pytest.raises(SweepError, match="no study 'baselines_fmnst': give a .toml file or one of the studies in .*"
+                                         "baselines_fmnist"):
+        resolve("baselines_fmnst")
+    assert run(["ablation", "--variants", "gradselect", "--dry-run", "--results", str(tmp_path)]) == 0
+    assert "gradselect" in capsys.readouterr().out

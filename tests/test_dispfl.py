@@ -53,7 +53,7 @@ def test_aggregation_is_the_masked_average_under_sent_masks_then_the_new_mask():
         algo.local_update(k, clients[k], data[k], 1)
     snapshot = [dict(c.state) for c in clients]
     sent = [{n: ~c.mask[n] for n in algo.param_names} for c in clients]
-    new = [{n: ~m for n, m in c.extra["next_mask"].items()} for c in clients]
+    new = [{n: ~m for n, m in c.extra.next_mask.items()} for c in clients]
     graph = {0: [1, 2], 1: [0], 2: [3], 3: [0, 1, 2]}
     algo.mix_neighbours(clients, data, graph, 1)
     regrown = 0

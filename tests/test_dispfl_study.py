@@ -5,20 +5,22 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sweeps import dispfl
+from sweeps.run import study_named
 from sweeps.parquet_sink import read_rounds
 from sweeps.spec import load_spec
 from sweeps.study import run_study
 
+DISPFL = study_named("dispfl")
+
 
 @pytest.mark.slow
 def test_dispfl_study_runs_with_its_anchors_and_writes_the_traffic_outputs(ray_cluster, tmp_path):
-    spec = load_spec(dispfl.STUDY.spec)
+    spec = load_spec(DISPFL.spec)
     assert {m.algorithm for m in spec.methods if m.anchor} == {"dpsgd", "fedavg", "fedselect", "local", "ditto"}
     flags = ["--dataset", "synthetic", "--num-clients", "6", "--num-neighbours", "2", "--rounds", "2",
              "--local-epochs", "1", "--density", "0.5", "--topology", "random", "--regrowth", "random",
              "--seeds", "0", "--results", str(tmp_path), "--name", "dp", "--verbose", "0"]
-    assert run_study(dispfl.STUDY, flags) == 0
+    assert run_study(DISPFL, flags) == 0
     folder = tmp_path / "dp"
     trials = pd.read_parquet(folder / "trials.parquet")
     assert sorted(trials.algorithm) == ["dispfl", "ditto", "dpsgd", "fedavg", "fedselect", "local"]

@@ -34,12 +34,12 @@ def test_ditto_with_lambda_zero_trains_exactly_the_local_models():
     for rd, rl in zip(ditto.run(), local.run()):
         assert [c.acc for c in rd.clients] == [c.acc for c in rl.clients]
     for cd, cl in zip(ditto.clients, local.clients):
-        personal = cd.extra["personal"]
+        personal = cd.extra.personal
         assert set(personal) == set(cl.state)
         for name, t in cl.state.items():
             assert torch.equal(personal[name], t), name
     # ... while the global part still communicates and differs from the personal model.
-    assert any(not torch.equal(c.state[n], c.extra["personal"][n])
+    assert any(not torch.equal(c.state[n], c.extra.personal[n])
                for c in ditto.clients for n in ditto.algorithm.param_names)
 
 
@@ -55,12 +55,12 @@ def test_ditto_lambda_pulls_the_personal_model_toward_the_global_model():
         for n in names:
             assert torch.equal(runs[lam].algorithm.global_state[n], runs[0.0].algorithm.global_state[n])
     # ... but λ > 0 changes the personal models, and a larger λ keeps them closer to it.
-    assert any(not torch.equal(a.extra["personal"][n], b.extra["personal"][n])
+    assert any(not torch.equal(a.extra.personal[n], b.extra.personal[n])
                for a, b in zip(runs[0.5].clients, runs[0.0].clients) for n in names)
 
     def mean_distance(sim):
         g = sim.algorithm.global_state
-        return sum(distance(c.extra["personal"], g, names) for c in sim.clients) / len(sim.clients)
+        return sum(distance(c.extra.personal, g, names) for c in sim.clients) / len(sim.clients)
 
     d0, d_mid, d_big = (mean_distance(runs[lam]) for lam in (0.0, 0.5, 5.0))
     assert d_big < d_mid < d0, (d0, d_mid, d_big)
@@ -73,7 +73,7 @@ def test_ditto_personal_objective_is_anchored_at_the_global_model_received_this_
     sim.run_round()
     algo, trainer = sim.algorithm, sim.trainer
     received = [{n: c.state[n].clone() for n in algo.param_names} for c in sim.clients]  # w^2
-    personal = [{n: t.clone() for n, t in c.extra["personal"].items()} for c in sim.clients]
+    personal = [{n: t.clone() for n, t in c.extra.personal.items()} for c in sim.clients]
     sim.run_round()
     for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
         v = personal[k]
@@ -82,7 +82,7 @@ def test_ditto_personal_objective_is_anchored_at_the_global_model_received_this_
             v, _, _ = trainer.train_pass(v, d.x_train, d.y_train, algo.full_update(), seed,
                                          corrections=[Proximal(lam, received[k])])
         for n, t in v.items():
-            assert torch.equal(c.extra["personal"][n], t), (k, n)
+            assert torch.equal(c.extra.personal[n], t), (k, n)
 
 
 def test_ditto_global_part_is_exactly_fedavg_and_the_personal_model_is_what_is_evaluated():
@@ -95,10 +95,10 @@ def test_ditto_global_part_is_exactly_fedavg_and_the_personal_model_is_what_is_e
         # acc is the personal model's accuracy; evaluating it trains nothing.
         algo = ditto.algorithm
         for k, (c, d, cd) in enumerate(zip(ditto.clients, ditto.data.clients, rd.clients)):
-            before = {n: t.clone() for n, t in c.extra["personal"].items()}
+            before = {n: t.clone() for n, t in c.extra.personal.items()}
             state = algo.personalized_model(k, c, d, rd.round)
             assert cd.acc == ditto.trainer.evaluate(state, d.x_test, d.y_test) / d.n_test
-            assert all(torch.equal(before[n], c.extra["personal"][n]) for n in before)
+            assert all(torch.equal(before[n], c.extra.personal[n]) for n in before)
     for name, t in fedavg.algorithm.global_state.items():
         assert torch.equal(t, ditto.algorithm.global_state[name]), name
     assert [c.acc for c in rd.clients] != [c.acc_global for c in rd.clients]
@@ -121,7 +121,7 @@ def test_lotteryfl_pruned_entries_stay_zero_and_pruning_follows_threshold_and_ta
         for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
             before = {n: m.clone() for n, m in c.mask.items()}
             algo.local_update(k, c, d, rnd)
-            acc = c.extra["val_acc"]
+            acc = c.extra.val_acc
             below_target = any(int(before[n].sum()) < cap[n] for n in algo.prunable)
             prunes = acc > threshold and below_target
             for n in algo.prunable:
@@ -132,7 +132,7 @@ def test_lotteryfl_pruned_entries_stay_zero_and_pruning_follows_threshold_and_ta
                 expected = done + min(cap[n] - done, max(1, round(step * (algo.numels[n] - done)))) \
                     if prunes and done < cap[n] else done
                 assert pruned_count(c, n) == expected, (rnd, k, n)
-            assert c.extra["sparsity"] == pytest.approx(algo.sparsity(c)) and algo.sparsity(c) <= target
+            assert c.extra.sparsity == pytest.approx(algo.sparsity(c)) and algo.sparsity(c) <= target
             pruned_events += prunes
             skipped_for_accuracy += (not acc > threshold) and below_target
             held_at_target += acc > threshold and not below_target
@@ -162,7 +162,7 @@ def test_lotteryfl_prunes_the_smallest_weights_and_resets_the_rest_to_the_initia
 
     monkeypatch.setattr(algo, "run_epochs", no_training)
     algo.local_update(k, client, data, rnd=2)
-    assert client.extra["val_acc"] > 0.0
+    assert client.extra.val_acc > 0.0
     for n in algo.prunable:
         new = client.mask[n] & ~before[n]
         kept = ~client.mask[n]
@@ -232,7 +232,7 @@ def test_lotteryfl_with_threshold_one_never_prunes_and_is_fedavg():
             assert (ca.acc_local, ca.acc_global, ca.bytes_up) == (cl.acc_local, cl.acc_global, cl.bytes_up)
             assert cl.personal_fraction == 0.0 and cl.acc == cl.acc_local
     assert all(not m.any() for c in lottery.clients for m in c.mask.values())
-    assert max(c.extra["val_acc"] for c in lottery.clients) > 0.15  # it would have pruned at a lower threshold
+    assert max(c.extra.val_acc for c in lottery.clients) > 0.15  # it would have pruned at a lower threshold
     for name, t in fedavg.algorithm.global_state.items():
         assert torch.equal(t, lottery.algorithm.global_state[name]), name
 
@@ -245,8 +245,8 @@ def test_lotteryfl_with_threshold_one_never_prunes_and_is_fedavg():
 def test_restore_mid_run_continues_bit_identically(tmp_path, overrides):
     straight, resumed, expected = restore_mid_run(tiny(rounds=5, **overrides), tmp_path)
     for a, b in zip(straight.clients, resumed.clients):
-        if "personal" in a.extra:
-            assert all(torch.equal(t, b.extra["personal"][n]) for n, t in a.extra["personal"].items())
+        if getattr(a.extra, "personal", None) is not None:  # Ditto's personal model
+            assert all(torch.equal(t, b.extra.personal[n]) for n, t in a.extra.personal.items())
     if overrides["algorithm"] == "lotteryfl":  # pruning went on after the restore point
         fractions = [r.mean("personal_fraction") for r in expected]
         assert fractions[1] < fractions[4]
@@ -277,7 +277,7 @@ def test_lotteryfl_learns_on_digits_with_sparse_tickets():
     # oneDNN at SSE4.1): 0.811, 0.759, 0.741 after round 10, at least 0.708, 0.708, 0.707 over rounds
     # 4 to 10. 0.65 lies below every one of those rounds.
     assert last.mean("acc") > 0.65, [r.mean("acc") for r in results]
-    sparsity = [c.extra["sparsity"] for c in sim.clients]
+    sparsity = [c.extra.sparsity for c in sim.clients]
     assert min(sparsity) > 0 and max(sparsity) <= sim.algorithm.target_sparsity, sparsity
     full = 4 * sum(sim.algorithm.numels.values())
     assert all(c.bytes_up < full for c in last.clients)

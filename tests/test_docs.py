@@ -6,18 +6,17 @@ import pytest
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import methods_page  # noqa: E402
+from scripts import methods_page, reproduce
 
 
 def test_the_methods_page_is_generated_from_the_registry_and_up_to_date():
     text = methods_page.page()
-    assert (REPO / "docs" / "methods.md").read_text() == text, "run: .venv/bin/python scripts/methods_page.py"
+    assert (REPO / "docs" / "methods.md").read_text() == text, "run: .venv/bin/python -m scripts.methods_page"
     from fl_core.algorithms import ALGORITHMS
     assert text.count("\n## ") == len(ALGORITHMS)
     assert "| `pers_rate` | `0.25` |" in text and "| `ditto_lambda` | `1.0` |" in text
@@ -37,9 +36,6 @@ def test_the_site_builds_strictly(tmp_path):
 
 # ---------------------------------------------------------------- generated results in the docs
 
-import re  # noqa: E402
-
-import reproduce  # noqa: E402
 
 INCLUDE = re.compile(r'^ *--8<-- "([^"]+)"$', re.M)   # indented: inside a collapsed block
 
@@ -70,8 +66,8 @@ def test_every_result_table_of_the_docs_is_an_included_file_with_its_provenance(
 def test_every_recipe_folder_regenerates_from_named_sweeps():
     for name, recipe in reproduce.RECIPES.items():
         assert name == "claims" or recipe.sweeps, name
-        for sweep, script, args in recipe.sweeps:
-            assert (REPO / "sweeps" / script).exists() and "--name" not in args and sweep
+        for sweep, study, args in recipe.sweeps:
+            assert (REPO / "studies" / f"{study}.toml").exists() and "--name" not in args and sweep
     made = {p.name for p in (REPO / "docs" / "results").iterdir() if p.is_dir()}
     recipes_made = made & set(reproduce.RECIPES)
     assert "default" in recipes_made
@@ -149,7 +145,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     assert {"methods.md", "provenance.md", "accuracy_vs_round.png"} <= made
     provenance = (docs / "default" / "provenance.md").read_text()
     assert "bash scripts/reproduce.sh default" in provenance and "Sweeps run: abc1234." in provenance
-    assert "python sweeps/fedselect_grid.py --name fedselect-grid" in provenance
+    assert "python -m sweeps.run fedselect_grid --name fedselect-grid" in provenance
     table = (docs / "default" / "methods.md").read_text()
     assert table.startswith("| Method |") and table.strip() in readme.read_text()
     again = reproduce.tabulate("default", reproduce.RECIPES["default"], results, tmp_path / "again")

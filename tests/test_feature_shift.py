@@ -8,18 +8,20 @@ import pytest
 from conftest import SHARED_DATA
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
-from sweeps import feature_shift
+from sweeps.run import study_named
 from sweeps.spec import load_spec
 from sweeps.study import run_study
+
+FEATURE_SHIFT = study_named("feature_shift")
 
 
 @pytest.mark.slow
 def test_feature_shift_study_runs_every_method_on_both_domain_partitions(ray_cluster, tmp_path):
-    listed = sorted(m.algorithm for m in load_spec(feature_shift.STUDY.spec).methods)
+    listed = sorted(m.algorithm for m in load_spec(FEATURE_SHIFT.spec).methods)
     assert listed == sorted(["fedselect", "fedavg", "local", "fedavg_ft", "fedbn", "fedrep", "lg_fedavg", "ditto"])
     flags = ["--dataset", "digits_c", "--samples-per-client", "60", "--rounds", "2", "--seeds", "0",
              "--results", str(tmp_path), "--name", "fs", "--verbose", "0"]
-    assert run_study(feature_shift.STUDY, flags) == 0
+    assert run_study(FEATURE_SHIFT, flags) == 0
     folder = tmp_path / "fs"
     trials = pd.read_parquet(folder / "trials.parquet")
     assert len(trials) == 2 * len(listed) and (trials.status == "COMPLETED").all()

@@ -27,7 +27,7 @@ def after_round_one(**overrides):
     sim.run_round()
     client = sim.clients[0]
     glob = {n: t.clone() for n, t in client.state.items()}
-    local = client.extra.pop("fedala_local")
+    local, client.extra.fedala_local = client.extra.fedala_local, None
     return sim, client, glob, local
 
 
@@ -53,7 +53,7 @@ def test_ala_keeps_the_lower_layers_global_and_the_weights_in_the_unit_interval(
     algo = sim.algorithm
     assert algo.adaptive_names == ["fc.2.weight", "fc.2.bias", "head.weight", "head.bias"]
     metrics = algo.adaptive_local_aggregation(0, client, sim.data.clients[0], 2, local)
-    w = client.extra["fedala_w"]
+    w = client.extra.fedala_w
     assert set(w) == set(algo.adaptive_names)
     for n in algo.param_names:
         if n not in w:
@@ -84,9 +84,9 @@ def test_one_ala_step_equals_the_autograd_gradient_with_respect_to_w():
     grads = torch.autograd.grad(loss, [w0[n] for n in top])
     for n, g in zip(top, grads):
         expected = (1 - eta * g).clamp(0, 1)
-        assert torch.allclose(client.extra["fedala_w"][n], expected, atol=1e-6), n
+        assert torch.allclose(client.extra.fedala_w[n], expected, atol=1e-6), n
         assert torch.allclose(client.state[n], local[n] + (glob[n] - local[n]) * expected, atol=1e-6), n
-    assert not all(torch.equal(client.extra["fedala_w"][n], torch.ones_like(glob[n])) for n in top)
+    assert not all(torch.equal(client.extra.fedala_w[n], torch.ones_like(glob[n])) for n in top)
 
 
 def test_first_ala_trains_until_convergence_and_later_ones_one_epoch():

@@ -154,7 +154,7 @@ def test_the_server_averages_the_meta_nets_by_training_samples_and_sends_only_th
     sent = []
     for k in range(4):
         algo.local_update(k, sim.clients[k], sim.data.clients[k], 1)
-        sent.append({n: t.clone() for n, t in sim.clients[k].extra["meta"].items()})
+        sent.append({n: t.clone() for n, t in sim.clients[k].extra.meta.items()})
     assert not all(torch.equal(sent[0][n], sent[1][n]) for n in start)  # clients learned different λ
     sizes = [d.n_train for d in sim.data.clients]
     assert len(set(sizes)) > 1
@@ -177,16 +177,16 @@ def test_the_papers_rule_keeps_the_lambda_of_the_round_with_the_lowest_mean_loss
                                   [0.8, 0.8, 0.8, 0.8]], start=1):
         history.append(dict(algo.meta_state))
         for k, c in enumerate(sim.clients):
-            c.extra["meta"] = {n: t + rnd for n, t in algo.meta_state.items()}
-            c.extra["val_loss"] = torch.tensor(losses[k], dtype=torch.float64)
-            c.extra["kept_loss"] = torch.tensor(9.0, dtype=torch.float64)  # ignored by this rule
+            c.extra.meta = {n: t + rnd for n, t in algo.meta_state.items()}
+            c.extra.val_loss = torch.tensor(losses[k], dtype=torch.float64)
+            c.extra.kept_loss = torch.tensor(9.0, dtype=torch.float64)  # ignored by this rule
         algo.aggregate(sim.clients, sim.data.clients, rnd)
     expected = sum(s * v for s, v in zip(sizes, [0.5, 0.7, 0.6, 0.4])) / sum(sizes)
     assert algo.best_loss == pytest.approx(expected)
     assert all(torch.equal(algo.best_state[n], history[1][n]) for n in history[1])  # the λ round 2 received
     assert algo.stale_rounds == 2 and algo.meta_stopped()
     stats = algo.local_update(0, sim.clients[0], sim.data.clients[0], 5)
-    assert stats.metrics == {} and "meta" not in sim.clients[0].extra
+    assert stats.metrics == {} and sim.clients[0].extra.meta is None
 
 
 def test_paired_keep_compares_the_received_and_the_kept_lambda_on_the_same_clients(pretrained):
@@ -200,9 +200,9 @@ def test_paired_keep_compares_the_received_and_the_kept_lambda_on_the_same_clien
                                            start=1):                                        # but not below the kept λ
         history.append(dict(algo.meta_state))
         for k, c in enumerate(sim.clients):
-            c.extra["meta"] = {n: t + rnd for n, t in algo.meta_state.items()}
-            c.extra["val_loss"] = torch.tensor(received[k], dtype=torch.float64)
-            c.extra["kept_loss"] = torch.tensor(kept[k], dtype=torch.float64)
+            c.extra.meta = {n: t + rnd for n, t in algo.meta_state.items()}
+            c.extra.val_loss = torch.tensor(received[k], dtype=torch.float64)
+            c.extra.kept_loss = torch.tensor(kept[k], dtype=torch.float64)
         algo.aggregate(sim.clients, sim.data.clients, rnd)
     assert all(torch.equal(algo.best_state[n], history[1][n]) for n in history[1])  # round 2's, not round 3's
     assert algo.stale_rounds == 1
@@ -216,12 +216,12 @@ def test_a_client_scores_the_kept_lambda_on_the_batches_of_its_first_meta_step(p
     algo, k = sim.algorithm, 1
     client, data = sim.clients[k], sim.data.clients[k]
     algo.local_update(k, client, data, 1)
-    assert float(client.extra["kept_loss"]) == float(client.extra["val_loss"])  # round 1: kept = received
+    assert float(client.extra.kept_loss) == float(client.extra.val_loss)  # round 1: kept = received
     algo.aggregate(sim.clients, sim.data.clients, 1)
     algo.local_update(k, client, data, 2)
     algo.nets.load_state_dict(algo.best_state)
     again = algo.validation_loss(k, client, data, derive_seed(0, 2, k, 0, "meta"))
-    assert float(client.extra["kept_loss"]) == again != float(client.extra["val_loss"])
+    assert float(client.extra.kept_loss) == again != float(client.extra.val_loss)
     # validation_loss is what meta_step reports for the same λ and seed
     algo.nets.load_state_dict(algo.best_state)
     out = meta_step(algo.trainer.model, algo.nets, client.state, algo.client_inputs(k, client, data), data.x_train,
@@ -254,7 +254,7 @@ def test_l2p_learns_alone_and_sends_nothing(pretrained):
     sim = Simulation(stage2(pretrained, "l2p", meta_lr_bn=0.05, meta_lr_lr=0.05))
     final = list(sim.run())[-1]
     assert all(c.bytes_up == c.bytes_down == 0 for c in final.clients)
-    own = [c.extra["own"] for c in sim.clients]
+    own = [c.extra.own for c in sim.clients]
     assert any(not torch.equal(own[0][n], own[1][n]) for n in own[0])
     assert all("beta_mean" in c.metrics for c in final.clients)
 
@@ -265,13 +265,13 @@ def test_an_l2p_client_compares_its_lambda_with_its_kept_one_by_the_keep_rule(pr
     algo, k = sim.algorithm, 0
     client, data = sim.clients[k], sim.data.clients[k]
     algo.local_update(k, client, data, 1)  # round 1: the initial λ is kept
-    kept = client.extra["best"]
-    client.extra["best_loss"] = torch.tensor(0.0, dtype=torch.float64)  # no loss is below the lowest seen
+    kept = client.extra.best
+    client.extra.best_loss = torch.tensor(0.0, dtype=torch.float64)  # no loss is below the lowest seen
     algo.validation_loss = lambda *args: 99.0  # the kept λ, scored on this round's batches: far worse
-    received = client.extra["own"]
+    received = client.extra.own
     algo.local_update(k, client, data, 2)
     # paired: the λ it received beats the kept one on the same batches; participants: not below 0.0
-    assert (client.extra["best"] is received) is replaced and (client.extra["best"] is kept) is not replaced
+    assert (client.extra.best is received) is replaced and (client.extra.best is kept) is not replaced
 
 
 def test_unseen_clients_never_meta_train_and_are_scored_with_the_kept_lambda(pretrained, tmp_path):

@@ -1,4 +1,4 @@
-"""The FedL2P study on Fashion-MNIST (`sweeps/fedl2p.py --preset fmnist`, studies/fedl2p_fmnist.toml)
+"""The FedL2P study on Fashion-MNIST (`python -m sweeps.run fedl2p_fmnist`, the file studies/fedl2p_fmnist.toml)
 plans what its file says: every method tuned alike (FT's rate, FedL2P's rate and meta rates) on
 both settings, both FT (BN C) modes and both meta-gradients; the ablations add one change each; a
 FedL2P run reports the initial λ's policy beside the learned one. Planning reads no data."""

@@ -130,11 +130,11 @@ def test_run_prototypes_are_class_means_and_their_weighted_mean():
             feats = model.fc(model.features(d.x_train))  # lenet: the head's input
         for c in range(10):
             sel = d.y_train == c
-            assert client.extra["proto_counts"][c] == int(sel.sum())
+            assert client.extra.proto_counts[c] == int(sel.sum())
             if sel.any():
-                assert torch.allclose(client.extra["protos"][c], feats[sel].mean(0), atol=1e-5)
-        num_sum = num_sum + client.extra["protos"] * client.extra["proto_counts"].unsqueeze(1)
-        count_sum = count_sum + client.extra["proto_counts"]
+                assert torch.allclose(client.extra.protos[c], feats[sel].mean(0), atol=1e-5)
+        num_sum = num_sum + client.extra.protos * client.extra.proto_counts.unsqueeze(1)
+        count_sum = count_sum + client.extra.proto_counts
     held = count_sum > 0
     assert torch.equal(algo.known, held)
     expected = (num_sum[held] / count_sum[held].unsqueeze(1)).float()

@@ -44,7 +44,7 @@ def grow_once(variant: str, k: int):
     before_mask = {n: m.clone() for n, m in client.mask.items()}
     algo.local_update(k, client, data, rnd=2)
     # round 3's mask; round 2 trained and sends with the old one
-    grown = PackedMask.from_dict(client.extra["next_mask"])
+    grown = PackedMask.from_dict(client.extra.next_mask)
     for name in algo.selectable:
         delta = (client.state[name] - before_state[name]).abs()
         new = grown[name] & ~before_mask[name]
@@ -67,7 +67,7 @@ def test_round_t_averages_and_broadcasts_under_the_mask_it_trained_with():
     trained_with = [{n: m.clone() for n, m in c.mask.items()} for c in sim.clients]
     for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
         algo.local_update(k, c, d, rnd=2)
-    grown = [PackedMask.from_dict(c.extra["next_mask"]) for c in sim.clients]
+    grown = [PackedMask.from_dict(c.extra.next_mask) for c in sim.clients]
     before = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
     sent = algo.aggregate(sim.clients, sim.data.clients, rnd=2)
     for name in algo.selectable:

@@ -80,7 +80,7 @@ def test_resume_name_and_name_resume_pick_that_sweep(tmp_path):
     (["--resume"], "--resume: no fedselect_grid sweep under"),
     (["--resume", "missing"], "--resume missing: no sweep 'missing' in"),
     (["--resume", "theirs"], "'theirs' is a sweep of the baselines study, not of fedselect_grid; resume it with "
-                             "python sweeps/baselines.py --resume theirs"),
+                             "python -m sweeps.run baselines --resume theirs"),
     (["--name", "theirs", "--resume"], "'theirs' is a sweep of the baselines study"),
     (["--resume", "a", "--name", "b"], "--resume a and --name b name two sweeps"),
 ])
@@ -100,10 +100,10 @@ def test_a_preset_sweep_resumes_by_name_without_its_preset_flag(tmp_path):
     assert plan.folder == folder and plan.spec.name == "fedselect_grid_fmnist"
 
 
-def test_a_sweep_of_another_scripts_preset_names_that_script_and_preset(tmp_path, capsys):
+def test_a_sweep_of_another_study_names_the_command_that_resumes_it(tmp_path, capsys):
     _fake_sweep(tmp_path, "theirs", "dispfl_fmnist")
     assert run_study(STUDY, ["--results", str(tmp_path), "--resume", "theirs"]) == 2
-    assert "resume it with python sweeps/dispfl.py --preset fmnist --resume theirs" in capsys.readouterr().err
+    assert "resume it with python -m sweeps.run dispfl_fmnist --resume theirs" in capsys.readouterr().err
 
 
 def test_missing_sweep_error_lists_the_sweeps_of_the_study(tmp_path, capsys):
@@ -181,12 +181,11 @@ def _mapped(pid: int, library: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("script", ["sweeps/fedselect_grid.py", "sweeps/run.py"])
-def test_ctrl_c_while_a_sweep_script_imports_torch_is_one_line_and_exit_130(tmp_path, script):
+@pytest.mark.parametrize("command", [["sweeps/fedselect_grid.py"], ["-m", "sweeps.run", "fedselect_grid"]])
+def test_ctrl_c_while_a_sweep_script_imports_torch_is_one_line_and_exit_130(tmp_path, command):
     """Caught in the middle of `import torch` (its library mapped, the import not done: about 1.5 s
-    here), a sweep script prints one line and exits 130, writing nothing."""
-    argv = [sys.executable, script] + (["studies/fedselect_grid.toml"] if script.endswith("run.py") else []) + \
-        ["--dry-run", "--results", str(tmp_path)]
+    here), a sweep command prints one line and exits 130, writing nothing."""
+    argv = [sys.executable, *command, "--dry-run", "--results", str(tmp_path)]
     driver = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while not _mapped(driver.pid, "libtorch") and time.time() < deadline and driver.poll() is None:

@@ -63,7 +63,7 @@ def test_pin_sets_the_three_variables_and_removes_what_would_override_them(monke
            "ONEDNN_DEFAULT_FPMATH_MODE": "BF16", "HOME": "/root"}
     assert kernels.pin(env) is None
     assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE",
-                   "HOME": "/root"}
+                   "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "HOME": "/root"}
 
 
 def test_on_another_architecture_nothing_is_pinned_and_the_reason_is_given(monkeypatch):
@@ -71,7 +71,7 @@ def test_on_another_architecture_nothing_is_pinned_and_the_reason_is_given(monke
     env = {"ATEN_CPU_CAPABILITY": "sve256"}
     reason = kernels.pin(env)
     assert reason == "the CPU is aarch64, not x86-64: its kernels differ from x86-64's and are not pinned"
-    assert env == {"ATEN_CPU_CAPABILITY": "sve256"}
+    assert env == {"ATEN_CPU_CAPABILITY": "sve256", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # a GPU's pin still holds
     monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(kernels, "cpu_flags", lambda: {"sse2", "avx"})
     assert kernels.unavailable() == "the CPU has no AVX2/FMA, the instruction sets the pinned kernels use"
@@ -110,3 +110,33 @@ def test_a_trial_reports_its_kernels_and_refuses_to_run_without_the_pins(tmp_pat
     monkeypatch.setattr(kernels, "in_effect", lambda: {"aten": "AVX512", "mkl": "unpinned", "onednn": "native"})
     with pytest.raises(kernels.KernelError, match="but this process runs aten=AVX512 mkl=unpinned onednn=native"):
         run_one(tmp_path / "other", {"rounds": 1})
+
+
+def test_a_cuda_run_in_the_reproducible_mode_is_deterministic_and_without_tf32():
+    """settle_cuda, run in a fresh process (it sets process-wide torch flags): on a CUDA device under
+    the mode's pin it turns on deterministic algorithms and turns off cuDNN autotuning and TF32;
+    on the CPU, or without the pin (--no-reproducible), it changes nothing."""
+    code = ("import torch; from fl_core import kernels\n"
+            "print(kernels.settle_cuda(torch.device('cpu')), torch.are_deterministic_algorithms_enabled())\n"
+            "print(kernels.settle_cuda(torch.device('cuda')), torch.are_deterministic_algorithms_enabled(),\n"
+            "      torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,\n"
+            "      torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)")
+    env = {k: v for k, v in os.environ.items() if k not in kernels.CUDA_PINS}
+    pinned = subprocess.run([sys.executable, "-c", code], env=env | kernels.CUDA_PINS, cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert pinned == ["cuda=default False", "cuda=deterministic True True False False False"]
+    off = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    assert off.stdout.splitlines()[1] == "cuda=default False False False True False"
+
+
+def test_a_cluster_job_carries_the_pins_to_workers_it_did_not_start(monkeypatch):
+    from argparse import Namespace
+
+    from sweeps.launch import worker_env
+
+    assert worker_env(Namespace(address=None, reproducible=True)) is None         # workers inherit the driver's
+    assert worker_env(Namespace(address="auto", reproducible=False)) is None
+    monkeypatch.setattr(kernels, "unavailable", lambda: None)
+    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS | kernels.PINS}
+    monkeypatch.setattr(kernels, "unavailable", lambda: "the CPU is aarch64")
+    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS}

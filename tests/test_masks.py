@@ -195,22 +195,42 @@ def test_packed_mask_behaves_like_a_dict_of_bool_tensors():
 
 
 def test_client_state_packs_masks_and_round_trips_through_torch_save(tmp_path):
+    from fl_core.algorithms.fedselect import FedSelectExtras
     from fl_core.client_state import ClientState
 
     state = {"w": torch.randn(4, 4)}
     plain = {"w": torch.randn(4, 4) > 0}
-    client = ClientState(state=state, mask=plain, extra={"fraction": 0.25})
+    client = ClientState(state=state, mask=plain, extra=FedSelectExtras(fraction=0.25))
     assert isinstance(client.mask, PackedMask) and client.mask == plain
     client.mask = {"w": torch.zeros(4, 4, dtype=torch.bool)}  # assignment after construction packs too
     assert isinstance(client.mask, PackedMask) and not client.mask["w"].any()
     client.mask = plain
     assert ClientState(state=state).mask is None
     torch.save(client.to_dict(), tmp_path / "c.pt")
-    back = ClientState.from_dict(torch.load(tmp_path / "c.pt", weights_only=True))
-    assert back.mask == client.mask and torch.equal(back.state["w"], state["w"]) and back.extra == {"fraction": 0.25}
+    back = ClientState.from_dict(torch.load(tmp_path / "c.pt", weights_only=True), FedSelectExtras)
+    assert back.mask == client.mask and torch.equal(back.state["w"], state["w"])
+    assert isinstance(back.extra, FedSelectExtras) and back.extra.to_dict() == {"fraction": 0.25}
     # a state written with plain bool masks (before masks were packed) still loads
     legacy = ClientState.from_dict({"state": state, "mask": plain, "extra": {}})
     assert legacy.mask == plain
+
+
+def test_a_method_keeps_its_client_state_in_declared_fields_only():
+    """ClientExtras: a method's per-client state is a dataclass (Algorithm.Extras); a name it does
+    not declare is an error, in code and in a saved state, and unset fields are not saved."""
+    from fl_core.algorithms.fedselect import FedSelectExtras
+    from fl_core.client_state import ClientState
+
+    extra = FedSelectExtras(fraction=0.5)
+    with pytest.raises(AttributeError):
+        extra.fracton = 0.1  # a typo is not a new key
+    assert extra.to_dict() == {"fraction": 0.5}  # next_mask unset: not written
+    copy = extra.copy()
+    copy.fraction = 0.75
+    assert extra.fraction == 0.5
+    with pytest.raises(ValueError, match=r"holds \['scaffold_c'\], which FedSelectExtras does not declare "
+                                         r"\(fields: fraction, next_mask\)"):
+        ClientState.from_dict({"state": {}, "mask": None, "extra": {"scaffold_c": {}}}, FedSelectExtras)
 
 
 def test_as_float_and_zero_where_are_their_torch_definitions_bit_for_bit():

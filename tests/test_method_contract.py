@@ -31,6 +31,7 @@ xfails naming the bug: fixing one turns its xfail into a failure that asks to dr
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -38,6 +39,7 @@ import pytest
 import torch
 
 from fl_core import simulation
+from fl_core.client_state import ClientExtras
 from fl_core.algorithms import ALGORITHMS, get_algorithm, params_class
 from fl_core.algorithms.fedavg import FedAvg
 from fl_core.checkpoints import save_model
@@ -134,6 +136,17 @@ def test_every_method_resumes_bit_identically_server_state_included(algorithm, p
     config = config_of(algorithm, pretraining, rounds=4, participation=0.5, momentum=0.5)
     straight, resumed, _ = restore_mid_run(config, tmp_path)
     assert same(straight.algorithm.state_dict(), resumed.algorithm.state_dict())
+    extras = get_algorithm(algorithm).Extras
+    assert all(type(c.extra) is extras for c in straight.clients + resumed.clients)  # typed, also after a restore
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_methods_client_state_is_declared_fields_unset_at_first(algorithm):
+    """What a client keeps besides its model and mask is its method's `Extras` dataclass
+    (fl_core/client_state.py): slotted (an undeclared name is an error), every field None until set."""
+    extras = get_algorithm(algorithm).Extras
+    assert issubclass(extras, ClientExtras) and "__dict__" not in dir(extras())
+    assert all(f.default is None for f in dataclasses.fields(extras)), extras
 
 
 # ---------------------------------------------------------------------------- partial participation

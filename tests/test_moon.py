@@ -59,7 +59,7 @@ def test_local_loss_is_cross_entropy_plus_mu_times_the_contrastive_term_of_indep
     sim = Simulation(tiny(algorithm="moon", model="lenet_bn", moon_mu=mu, moon_tau=tau, momentum=0.5))
     sim.run_round()  # every client now has a previous model and BN statistics of its own
     algo, client, data = sim.algorithm, sim.clients[1], sim.data.clients[1]
-    glob, prev = dict(client.state), client.extra["moon_prev"]
+    glob, prev = dict(client.state), client.extra.moon_prev
     assert not torch.equal(glob["features.0.weight"], prev["features.0.weight"])
     gen = torch.Generator().manual_seed(0)
     current = {n: t + 0.01 * torch.randn(t.shape, generator=gen) if t.is_floating_point() else t.clone()

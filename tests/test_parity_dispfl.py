@@ -167,8 +167,8 @@ def test_one_round_of_aggregation_matches_the_reference(sim):
     inputs = fixed_inputs(algo.shapes)
     clients = []
     for state, sent, new in inputs:
-        c = ClientState(state=dict(state), mask={n: m == 0 for n, m in sent.items()})
-        c.extra["next_mask"] = {n: m == 0 for n, m in new.items()}
+        c = ClientState(state=dict(state), mask={n: m == 0 for n, m in sent.items()}, extra=algo.Extras())
+        c.extra.next_mask = {n: m == 0 for n, m in new.items()}
         clients.append(c)
     algo.mix_neighbours(clients, sim.data.clients, GRAPH, 1)
     for k, client in enumerate(clients):

@@ -4,7 +4,7 @@ The numbers below are what the authors' functions computed, run unmodified from 
 fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee on the tiny fixture of benchmarks/parity/fedl2p_setup.py
 (LeNet-BN at width 0.5, 40 synthetic training and 16 validation images, seed 0, float64):
 
-    .venv/bin/python benchmarks/parity/fedl2p.py --ref <checkout> --learn2learn <learn2learn-0.1.7 source> --pins
+    .venv/bin/python -m benchmarks.parity.fedl2p --ref <checkout> --learn2learn <learn2learn-0.1.7 source> --pins
 
 their KLDBatchNorm2d (BN mixing), precompute_kld / precompute_feat_stats (meta-net inputs), BNNet /
 ClampLRNet (initial weights, forward, gradient), Hypergrad (IFT, Q = 3, psi = 0.1) and meta_train

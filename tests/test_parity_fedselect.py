@@ -4,7 +4,7 @@ The numbers below were measured with benchmarks/parity/fedselect.py against the 
 github.com/lapisrocks/fedselect at commit 0949f8a50aa5f2efe342e3674573a6468d84a45b, run
 unmodified (its `fedselect_algorithm` given our data, our LeNet and our batch orders):
 
-    .venv/bin/python benchmarks/parity/fedselect.py --ref <checkout> --setting tiny --pins
+    .venv/bin/python -m benchmarks.parity.fedselect --ref <checkout> --setting tiny --pins
 
 There both runs agreed bit for bit in every parameter of every client in every round. These
 tests need no checkout: they rerun our faithful mode on the same tiny setting and compare it
@@ -55,7 +55,7 @@ def test_tiny_faithful_run_reproduces_the_reference():
     assert correct == REFERENCE_CORRECT
     masks = []
     for client in sim.clients:  # the last round is not aggregated: its new mask is still held back
-        mask = PackedMask.from_dict(client.extra["next_mask"])
+        mask = PackedMask.from_dict(client.extra.next_mask)
         masks.append({n: [int(m.sum()), int(m.reshape(-1).nonzero().sum())] for n, m in sorted(mask.items())})
     assert masks == REFERENCE_MASKS
 

@@ -83,7 +83,7 @@ def test_the_replay_loader_yields_the_batches_our_trainer_draws():
 def test_the_docs_parity_table_is_the_report_of_the_measured_runs():
     """The docs' whole-run parity table (docs/results/parity/whole_runs.md, included by
     docs/parity.md) is `report --markdown` over benchmarks/parity/measured, not numbers typed by
-    hand: `python benchmarks/parity/report.py benchmarks/parity/measured/*.json --markdown --out
+    hand: `python -m benchmarks.parity.report benchmarks/parity/measured/*.json --markdown --out
     docs/results/parity/whole_runs.md` rewrites it when a run is redone."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]

@@ -7,16 +7,18 @@ import pandas as pd
 import pytest
 
 from analysis.cost import cost_table
-from sweeps import perfedmask
+from sweeps.run import study_named
 from sweeps.parquet_sink import read_rounds
 from sweeps.spec import load_spec
 from sweeps.study import run_study
+
+PERFEDMASK = study_named("perfedmask")
 
 METHODS = ["fedavg_ft", "fedbabu", "fednova", "fedprox", "heterofl", "perfedmask", "splitmix"]
 
 
 def test_the_study_file_is_the_posters_comparison():
-    spec = load_spec(perfedmask.STUDY.spec)
+    spec = load_spec(PERFEDMASK.spec)
     assert sorted({m.algorithm for m in spec.methods}) == METHODS
     assert list(spec.knobs["participation"]) == [1.0, 0.1] and tuple(spec.seeds) == (0, 1, 2)
     ablation = [m for m in spec.methods if "full_share" in m.knobs]
@@ -29,7 +31,7 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
              "--test-samples-per-client", "none", "--rounds", "2", "--eval-every", "1", "--local-epochs", "1",
              "--participation", "1.0", "0.5", "--full-share", "0.25", "--ft-epochs", "1", "--score-width", "full",
              "--seeds", "0", "--results", str(tmp_path), "--name", "pm", "--verbose", "0"]
-    assert run_study(perfedmask.STUDY, flags) == 0
+    assert run_study(PERFEDMASK, flags) == 0
     folder = tmp_path / "pm"
     trials = pd.read_parquet(folder / "trials.parquet")
     assert (trials.status == "COMPLETED").all() and len(trials) == 8 * 2  # flags override the file: ν = 0.25 at both c
@@ -76,7 +78,7 @@ def test_the_fmnist_study_on_a_slice_tunes_every_method_and_reports_the_authors_
              "20", "--test-samples-per-client", "20", "--rounds", "4", "--eval-every", "2", "--lr-milestones", "2,3",
              "--local-epochs", "2", "--ft-epochs", "1", "--num-samples", "2", "--results", str(tmp_path),
              "--name", "pmf", "--verbose", "0"]
-    assert run_study(perfedmask.STUDY, flags) == 0
+    assert run_study(PERFEDMASK, flags) == 0
     folder = tmp_path / "pmf"
     trials = pd.read_parquet(folder / "trials.parquet")
     assert (trials.status.isin(["COMPLETED", "STOPPED"])).all()

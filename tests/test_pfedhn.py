@@ -105,7 +105,7 @@ def test_server_step_clips_the_hypernetwork_gradient_and_weighs_clients_by_sampl
     seen = {}
     algo.server_step = lambda ks, ds, cs: seen.update(ks=ks, cs=cs)
     for k in (1, 3):
-        sim.clients[k].extra["pfedhn_delta"] = deltas[k]
+        sim.clients[k].extra.pfedhn_delta = deltas[k]
     algo.aggregate([sim.clients[1], sim.clients[3]], [data[1], data[3]], 1)
     assert seen == {"ks": [1, 3], "cs": pytest.approx(coefficients)}
 

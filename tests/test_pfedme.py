@@ -65,7 +65,7 @@ def test_pfedme_with_lambda_zero_never_moves_w_and_theta_is_plain_local_sgd():
                     theta = gd_step(model, theta, d.x_train[idx], d.y_train[idx], plr)
         assert distance(theta, init, names) > 0.1  # θ really trained
         for n in names:
-            torch.testing.assert_close(c.extra["personal"][n], theta[n], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(c.extra.personal[n], theta[n], atol=2e-5, rtol=1e-4)
 
 
 def test_pfedme_one_outer_step_is_the_moreau_update():
@@ -83,9 +83,9 @@ def test_pfedme_one_outer_step_is_the_moreau_update():
             theta = gd_step(model, theta, d.x_train, d.y_train, plr, lam=lam, anchor=w)
         stats = algo.local_update(k, c, d, 2)
         for n in names:
-            torch.testing.assert_close(c.extra["personal"][n], theta[n], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(c.extra.personal[n], theta[n], atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(c.state[n], w[n] - lr * lam * (w[n] - theta[n]), atol=1e-5, rtol=1e-4)
-        assert stats.metrics["personal_gap"] == pytest.approx(distance(c.extra["personal"], c.state, names), rel=1e-5)
+        assert stats.metrics["personal_gap"] == pytest.approx(distance(c.extra.personal, c.state, names), rel=1e-5)
 
 
 def test_pfedme_larger_lambda_keeps_the_personal_model_closer_to_w():
@@ -95,7 +95,7 @@ def test_pfedme_larger_lambda_keeps_the_personal_model_closer_to_w():
         names, gaps = sim.algorithm.param_names, []
         for k, (c, d) in enumerate(zip(sim.clients, sim.data.clients)):
             sim.algorithm.local_update(k, c, d, 1)
-            gaps.append(distance(c.extra["personal"], c.state, names))
+            gaps.append(distance(c.extra.personal, c.state, names))
         mean_gap[lam] = sum(gaps) / len(gaps)
     assert mean_gap[50.0] < mean_gap[5.0] < mean_gap[0.5], mean_gap
     assert mean_gap[50.0] < 0.2 * mean_gap[0.5], mean_gap
@@ -138,14 +138,14 @@ def test_pfedme_sends_the_model_each_way_like_fedavg_and_scores_the_personal_mod
             assert cp.bytes_down in ((model_bytes, 2 * model_bytes) if cp.participated else (0,))
             assert cp.personal_fraction == 1.0
     for k, (c, d, cr) in enumerate(zip(pfedme.clients, pfedme.data.clients, rp.clients)):
-        assert cr.acc == pfedme.trainer.evaluate(c.extra["personal"], d.x_test, d.y_test) / d.n_test
+        assert cr.acc == pfedme.trainer.evaluate(c.extra.personal, d.x_test, d.y_test) / d.n_test
 
 
 def test_pfedme_restore_mid_run_continues_bit_identically(tmp_path):
     config = tiny(algorithm="pfedme", rounds=3, pfedme_beta=1.5, momentum=0.5, participation=0.75)
     straight, resumed, _ = restore_mid_run(config, tmp_path)
     for a, b in zip(straight.clients, resumed.clients):
-        assert all(torch.equal(t, b.extra["personal"][n]) for n, t in a.extra["personal"].items())
+        assert all(torch.equal(t, b.extra.personal[n]) for n, t in a.extra.personal.items())
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def test_one_local_step_with_given_control_variates_is_the_hand_computed_update(
     c = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in algo.trainer.params.items()}
     ck = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in algo.trainer.params.items()}
     algo.control = {n: t.clone() for n, t in c.items()}
-    client.extra["scaffold_c"] = {n: t.clone() for n, t in ck.items()}
+    client.extra.scaffold_c = {n: t.clone() for n, t in ck.items()}
     x = {n: t.clone() for n, t in client.state.items()}
     grad = algo.trainer.gradients(x, data.x_train, data.y_train)  # mean loss gradient at x, no update
     algo.local_update(0, client, data, 1)
@@ -81,7 +81,7 @@ def test_one_local_step_with_given_control_variates_is_the_hand_computed_update(
         expected = x[n] - 0.1 * (grad[n] - ck[n] + c[n])
         assert torch.allclose(client.state[n], expected, rtol=0, atol=1e-6), n
         # option II with K = 1: c_k⁺ = c_k − c + (x − y)/η = ∇F_k(x)
-        assert torch.allclose(client.extra["scaffold_c"][n], grad[n], rtol=0, atol=1e-5), n
+        assert torch.allclose(client.extra.scaffold_c[n], grad[n], rtol=0, atol=1e-5), n
 
 
 # ---------------------------------------------------------------------------- (b) option II and the server step
@@ -104,7 +104,7 @@ def test_control_variates_follow_option_two_and_the_server_steps(momentum, scope
     for rnd in range(1, 5):
         x = {n: t.double() for n, t in algo.global_state.items()}
         c = {n: t.double() for n, t in algo.control.items()}
-        old = [{n: t.double() for n, t in cl.extra["scaffold_c"].items()} if "scaffold_c" in cl.extra else None
+        old = [{n: t.double() for n, t in cl.extra.scaffold_c.items()} if cl.extra.scaffold_c is not None else None
                for cl in sim.clients]
         part = algo.participants(rnd)
         assert len(part) == 2
@@ -121,19 +121,19 @@ def test_control_variates_follow_option_two_and_the_server_steps(momentum, scope
             for n in algo.param_names:
                 ck = torch.zeros_like(c[n]) if old[k] is None else old[k][n]
                 expected = ck - c[n] + (x[n] - seen["y"][i][n]) / (a * lr)
-                new = sim.clients[k].extra["scaffold_c"][n].double()
+                new = sim.clients[k].extra.scaffold_c[n].double()
                 assert torch.allclose(new, expected, rtol=1e-5, atol=1e-5), (rnd, k, n)
                 delta_c_sum[n] += q * (expected - ck)
         for k in set(range(n_clients)) - set(part):  # non-participants keep their c_k
-            assert (old[k] is None) == ("scaffold_c" not in sim.clients[k].extra)
+            assert (old[k] is None) == (sim.clients[k].extra.scaffold_c is None)
             if old[k] is not None:
-                assert all(torch.equal(sim.clients[k].extra["scaffold_c"][n].double(), old[k][n]) for n in old[k])
+                assert all(torch.equal(sim.clients[k].extra.scaffold_c[n].double(), old[k][n]) for n in old[k])
         for n in algo.param_names:
             p = [sim.data.clients[k].n_train / p_total if weighting == "samples" else 0.5 for k in part]
             mean_dy = sum(pi * (y[n] - x[n]) for pi, y in zip(p, seen["y"]))
             assert torch.allclose(algo.global_state[n].double(), x[n] + eta_g * mean_dy, rtol=0, atol=1e-6), n
             assert torch.allclose(algo.control[n].double(), c[n] + delta_c_sum[n], rtol=1e-5, atol=1e-5), n
-        assert all("scaffold_delta_c" not in cl.extra for cl in sim.clients)
+        assert all(cl.extra.scaffold_delta_c is None for cl in sim.clients)
     assert any(float(t.abs().max()) > 0 for t in algo.control.values())
 
 
@@ -197,8 +197,8 @@ def test_scaffold_restores_mid_run(tmp_path):
     straight, resumed, _ = restore_mid_run(config, tmp_path)
     assert all(torch.equal(t, resumed.algorithm.control[n]) for n, t in straight.algorithm.control.items())
     for a, b in zip(straight.clients, resumed.clients):
-        if "scaffold_c" in a.extra:
-            assert all(torch.equal(t, b.extra["scaffold_c"][n]) for n, t in a.extra["scaffold_c"].items())
+        if a.extra.scaffold_c is not None:
+            assert all(torch.equal(t, b.extra.scaffold_c[n]) for n, t in a.extra.scaffold_c.items())
 
 
 def test_traffic_is_twice_fedavgs_both_ways_catch_up_downloads_included():
@@ -234,5 +234,5 @@ def test_scaffold_learns_on_digits_and_its_c_stays_the_mean_of_the_clients():
     assert accs[-1] > 0.7 and accs[-1] > accs[0] + 0.5, accs  # ten classes: chance is 0.1
     # full participation, uniform weights: c = (1/N) Σ c_k after every round
     for n, c in sim.algorithm.control.items():
-        mean = sum(cl.extra["scaffold_c"][n] for cl in sim.clients) / len(sim.clients)
+        mean = sum(cl.extra.scaffold_c[n] for cl in sim.clients) / len(sim.clients)
         assert torch.allclose(c, mean, rtol=0, atol=1e-5), n

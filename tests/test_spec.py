@@ -4,11 +4,17 @@ sweep folder plans exactly the same trials; staged selection plans (sweeps/stage
 import pytest
 
 from fl_core.config import RunConfig
-from sweeps import ablation, baselines, dispfl, feature_shift, fedselect_grid
+from sweeps.run import study_named
 from sweeps.run import main as run_main
 from sweeps.spec import STUDIES, load_spec, parse_spec, resolved, save_spec, to_toml
 from sweeps.stages import best_completed, confirm_stage, plan_stages
 from sweeps.study import plan_sweep, build_parser, study_of_file
+
+ABLATION = study_named("ablation")
+BASELINES = study_named("baselines")
+DISPFL = study_named("dispfl")
+FEATURE_SHIFT = study_named("feature_shift")
+FEDSELECT_GRID = study_named("fedselect_grid")
 
 
 def plan_of(study, argv, tmp_path):
@@ -29,7 +35,7 @@ def test_every_study_file_plans_and_its_resolved_copy_plans_the_same_trials(path
 
 
 def test_the_wrapper_scripts_are_their_files():
-    for study in (fedselect_grid.STUDY, baselines.STUDY, ablation.STUDY, feature_shift.STUDY, dispfl.STUDY):
+    for study in (FEDSELECT_GRID, BASELINES, ABLATION, FEATURE_SHIFT, DISPFL):
         assert study.spec.parent == STUDIES and load_spec(study.spec).name == study.name
 
 
@@ -45,7 +51,7 @@ def test_fedselect_grid_file_is_the_default_grid(tmp_path):
                 expected += [RunConfig(algorithm="fedselect", pers_rate=p, pers_limit=a, **base)
                              for p in (0.1, 0.25, 0.5) for a in (0.5, 0.8)]
                 expected += [RunConfig(algorithm=m, **base) for m in ("fedavg", "local")]
-    plan = plan_of(fedselect_grid.STUDY, [], tmp_path)
+    plan = plan_of(FEDSELECT_GRID, [], tmp_path)
     assert [c.config_hash() for c in plan.configs] == [c.config_hash() for c in expected]  # same trials, same order
 
 
@@ -143,9 +149,9 @@ def test_selection_stages_anchors_apart_one_per_data_setting_on_the_search_seed(
 
 def test_resume_uses_the_saved_study_and_refuses_new_knobs(tmp_path, capsys):
     from sweeps.folder import save_args
-    plan = plan_of(fedselect_grid.STUDY, ["--seeds", "0", "--rounds", "3", "--name", "s"], tmp_path)
+    plan = plan_of(FEDSELECT_GRID, ["--seeds", "0", "--rounds", "3", "--name", "s"], tmp_path)
     save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
-    again = plan_of(fedselect_grid.STUDY, ["--resume", "s"], tmp_path)   # the file's defaults are not re-read
+    again = plan_of(FEDSELECT_GRID, ["--resume", "s"], tmp_path)   # the file's defaults are not re-read
     assert hashes(again.configs) == hashes(plan.configs) and {c.rounds for c in again.configs} == {3}
     assert run_main(["studies/fedselect_grid.toml", "--results", str(tmp_path), "--resume", "s", "--rounds", "5"]) == 2
     assert "--rounds cannot change it" in capsys.readouterr().err
@@ -159,9 +165,9 @@ def test_resume_keeps_the_kernels_the_sweep_started_with(tmp_path, capsys):
                                       "it without --no-reproducible"),
                                      ("native", ["--no-reproducible"], [], "ran with --no-reproducible; resume it "
                                       "with --no-reproducible too")):
-        plan = plan_of(fedselect_grid.STUDY, ["--seeds", "0", "--rounds", "3", "--name", name, *flags], tmp_path)
+        plan = plan_of(FEDSELECT_GRID, ["--seeds", "0", "--rounds", "3", "--name", name, *flags], tmp_path)
         assert plan.args.reproducible is not bool(flags)
         save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
-        assert plan_of(fedselect_grid.STUDY, ["--resume", name, *flags], tmp_path).args.reproducible is not bool(flags)
+        assert plan_of(FEDSELECT_GRID, ["--resume", name, *flags], tmp_path).args.reproducible is not bool(flags)
         assert run_main(["studies/fedselect_grid.toml", "--results", str(tmp_path), "--resume", name, *other]) == 2
         assert capsys.readouterr().err.strip() == f"error: --resume: {name} {said}"

@@ -40,7 +40,7 @@ def test_each_base_is_averaged_over_exactly_the_clients_that_trained_it():
         start = {n: t.clone() for n, t in client.state.items()}
         stats = algo.local_update(k, client, data[k], 1)
         assert stats.metrics == {"width": 0.125, "bases": 1.0}
-        (base,) = client.extra["bases"]  # a 1/8 device trains one base
+        (base,) = client.extra.bases  # a 1/8 device trains one base
         trained_by.setdefault(base, []).append(k)
         for i in range(algo.m):  # and only that one
             moved = any(not torch.equal(client.state[n], start[n]) for n in algo.base_names[i])

@@ -9,13 +9,16 @@ import pandas as pd
 import pytest
 
 from fl_core.config import COMMON_KNOBS, RunConfig, knob_owners
-from sweeps import ablation, baselines
+from sweeps.run import study_named
 from sweeps.fedselect_grid import STUDY
 from sweeps.plan import run_config
 from sweeps.spec import load_spec
 from sweeps.study import NOT_FLAGS, build_parser, plan_sweep, run_study
 
 from conftest import REPO
+
+ABLATION = study_named("ablation")
+BASELINES = study_named("baselines")
 
 
 def planned(study, argv, tmp_path="/tmp/never-written"):
@@ -66,7 +69,7 @@ def test_sweeps_of_engine_v1_are_not_resumed(tmp_path, capsys):
     assert "old was written by an older version (sweep format 1, now 4)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
+@pytest.mark.parametrize("study", [STUDY, BASELINES, ABLATION], ids=lambda s: s.name)
 def test_every_knob_is_a_flag_with_its_default_in_help(study):
     parser = build_parser(study)
     flags = {o for action in parser._actions for o in action.option_strings}
@@ -94,8 +97,8 @@ def test_default_grid_is_32_trials_per_seed_over_3_seeds_and_anchors_carry_no_fe
 
 
 def test_method_knobs_apply_to_their_own_methods_only():
-    configs = configs_of(baselines.STUDY, ["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05", "--seeds", "0"])
-    listed = load_spec(baselines.STUDY.spec).methods  # the FedSelect paper's Table 1, not every registered method
+    configs = configs_of(BASELINES, ["--ft-epochs", "3", "--pers-limit", "0.5", "--lr", "0.05", "--seeds", "0"])
+    listed = load_spec(BASELINES.spec).methods  # the FedSelect paper's Table 1, not every registered method
     assert len(configs) == len(listed) * 2                            # methods x (2 shards, Dir(0.1))
     for c in configs:
         owns = set(c.method.to_dict())
@@ -116,7 +119,7 @@ def test_paper_preset_is_cifar10_resnet18():
 
 
 def test_ablation_grid_has_each_variant_once_and_each_block_for_layer():
-    configs = configs_of(ablation.STUDY, ["--partition", "shards", "--pers-rate", "0.5", "--seeds", "0"])
+    configs = configs_of(ABLATION, ["--partition", "shards", "--pers-rate", "0.5", "--seeds", "0"])
     assert sorted(c.label() for c in configs) == [
         "FedSelect", "FedSelect (layer A)", "FedSelect (layer B)", "FedSelect (layer C)", "FedSelect (layer D)",
         "FedSelect (personalize least)", "FedSelect (random)"]
@@ -212,7 +215,7 @@ def test_progress_table_shows_dataset_partition_and_seed_where_they_vary(tmp_pat
     assert {"p", "α", "Dir α", "epochs"} <= set(progress_columns(single.configs, single.named).values())
 
 
-@pytest.mark.parametrize("study", [STUDY, baselines.STUDY, ablation.STUDY], ids=lambda s: s.name)
+@pytest.mark.parametrize("study", [STUDY, BASELINES, ABLATION], ids=lambda s: s.name)
 def test_every_visible_flag_says_its_default(study):
     import argparse
     parser = build_parser(study)
@@ -239,7 +242,7 @@ def test_end_of_sweep_summary_keeps_local_epochs_apart_when_they_vary():
 
 
 def test_dir_alpha_is_swept_for_both_dirichlet_partitions_only():
-    configs = configs_of(baselines.STUDY, ["--algorithms", "fedavg", "--seeds", "0", "--dir-alpha", "0.1", "0.5",
+    configs = configs_of(BASELINES, ["--algorithms", "fedavg", "--seeds", "0", "--dir-alpha", "0.1", "0.5",
                                            "--partition", "shards", "dirichlet", "dirichlet_class"])
     settings = {(c.partition, c.dir_alpha) for c in configs}
     assert settings == {("shards", RunConfig().dir_alpha), ("dirichlet", 0.1), ("dirichlet", 0.5),

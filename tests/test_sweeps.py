@@ -376,13 +376,15 @@ def test_unreachable_tracking_server_warns_and_parquet_stays_complete(ray_cluste
 
 @slow
 def test_baselines_and_ablation_studies_run_on_the_shared_machinery(ray_cluster, tmp_path):
-    from sweeps import ablation, baselines
+    from sweeps import ablation
+    from sweeps.run import study_named
     from sweeps.spec import load_spec
+    baselines = study_named("baselines")
     # the methods the study file lists (the FedSelect paper's Table 1), not every registered method
-    listed = [m.algorithm for m in load_spec(baselines.STUDY.spec).methods]
+    listed = [m.algorithm for m in load_spec(baselines.spec).methods]
     tiny = ["--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
             "--partition", "shards", "--rounds", "2", "--results", str(tmp_path), "--seeds", "0", "--verbose", "0"]
-    assert run_study(baselines.STUDY, tiny + ["--name", "base", "--ft-epochs", "2"]) == 0
+    assert run_study(baselines, tiny + ["--name", "base", "--ft-epochs", "2"]) == 0
     assert run_study(ablation.STUDY, tiny + ["--name", "abl", "--blocks", "B"]) == 0
     base = pd.read_parquet(tmp_path / "base" / "trials.parquet")
     assert sorted(base.algorithm) == sorted(listed) and (base.status == "COMPLETED").all()

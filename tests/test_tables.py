@@ -320,11 +320,11 @@ def test_cli_explains_the_unfinished_option(capsys):
 @pytest.fixture(scope="module")
 def results(ray_cluster, tmp_path_factory):
     """A real baselines sweep: FedSelect, FedAvg and Local on 2 data settings, 2 seeds."""
-    from sweeps import baselines
+    from sweeps.run import study_named
     from sweeps.study import run_study
 
     tmp = tmp_path_factory.mktemp("tables")
-    code = run_study(baselines.STUDY, [
+    code = run_study(study_named("baselines"), [
         "--dataset", "synthetic", "--num-clients", "3", "--shards-per-client", "3", "--batch-size", "16",
         "--rounds", "2", "--partition", "shards", "dirichlet", "--dir-alpha", "0.3", "--local-epochs", "1",
         "--algorithms", "fedselect", "fedavg", "local", "--seeds", "0", "1", "--results", str(tmp),

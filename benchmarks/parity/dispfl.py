@@ -16,10 +16,10 @@ it gets our clients as in-memory batch feeds, our initial weights and a silent l
    round, we twice). `--lockstep` also gives their run our initial masks and neighbour graphs.
 
     git clone https://github.com/rong-dai/DisPFL /tmp/DisPFL
-    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL                  # 10 clients, 5 rounds, seed 0
-    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --model lenet --rounds 40 --seeds 0 1 2 \\
+    .venv/bin/python -m benchmarks.parity.dispfl --ref /tmp/DisPFL                  # 10 clients, 5 rounds, seed 0
+    .venv/bin/python -m benchmarks.parity.dispfl --ref /tmp/DisPFL --model lenet --rounds 40 --seeds 0 1 2 \\
         --skip-components --json dispfl.json   # full (~15 CPU min); then python -m benchmarks.parity.report dispfl.json
-    .venv/bin/python benchmarks/parity/dispfl.py --ref /tmp/DisPFL --components-only
+    .venv/bin/python -m benchmarks.parity.dispfl --ref /tmp/DisPFL --components-only
 """
 from __future__ import annotations
 
@@ -34,16 +34,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.parity.report import Round, print_summary, save
+from fl_core.algorithms import dispfl as ours_dispfl
+from fl_core.config import RunConfig
+from fl_core.models import build_model
+from fl_core.simulation import Simulation
+from fl_core.sparse import anneal_rate, layer_densities
+from fl_core.training import derive_seed
 
-from benchmarks.parity.report import Round, print_summary, save  # noqa: E402
-from fl_core.algorithms import dispfl as ours_dispfl  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.models import build_model  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
-from fl_core.sparse import anneal_rate, layer_densities  # noqa: E402
-from fl_core.training import derive_seed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 ROUND_START = "################Communication round"  # what their train() logs as each round begins
 
@@ -168,7 +167,7 @@ def compare_components(ref, sim: Simulation) -> None:
     for k, client in enumerate(sim.clients):
         algo.local_update(k, client, sim.data.clients[k], 1)
     sent = [{n: (~c.mask[n]).float() for n in algo.param_names} for c in sim.clients]
-    new = [{n: (~c.extra["next_mask"][n]).float() for n in algo.param_names} for c in sim.clients]
+    new = [{n: (~c.extra.next_mask[n]).float() for n in algo.param_names} for c in sim.clients]
     snapshot = [{n: t.clone() for n, t in c.state.items()} for c in sim.clients]
     compare_mask_search(ref, sim, trainer, sent[0], snapshot[0])
 

@@ -31,31 +31,28 @@ Printed per component and seed: max |ours - theirs| / max |theirs| over the tens
     (theirs). The update of lambda is compared (in float64 by default: in float32 the update,
     ~1e-6 on weights ~0.1, is mostly rounding), with the validation loss and the time ratio.
 
-    python benchmarks/parity/fedl2p.py --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7        # tiny, 1 seed
-    python benchmarks/parity/fedl2p.py --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7 \
+    python -m benchmarks.parity.fedl2p --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7        # tiny, 1 seed
+    python -m benchmarks.parity.fedl2p --ref /tmp/fedl2p --learn2learn /tmp/learn2learn-0.1.7 \
         --setting fmnist --data-root ../shared/data --seeds 0 1 2                    # full: ~2 CPU min
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import types
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.parity.fedl2p_setup import (Fixture, fmnist_fixture, input_bn_fixture, kld_twin,  # noqa: E402
+from benchmarks.parity.fedl2p_setup import (Fixture, fmnist_fixture, input_bn_fixture, kld_twin,
                                             load_reference, rel, set_running, tiny_fixture, worst)
-from fl_core.fedl2p.bn_mixing import bn_layers, bn_mixing, client_bn_stats  # noqa: E402
-from fl_core.fedl2p.hypergrad import ift_hypergradient  # noqa: E402
-from fl_core.fedl2p.metanets import bn_kl_features, bnnet, layer_input_stats, lrnet, lrnet_input  # noqa: E402
-from fl_core.fedl2p.personalize import (ClientInputs, MetaNets, MetaStepSettings,  # noqa: E402
+from fl_core.fedl2p.bn_mixing import bn_layers, bn_mixing, client_bn_stats
+from fl_core.fedl2p.hypergrad import ift_hypergradient
+from fl_core.fedl2p.metanets import bn_kl_features, bnnet, layer_input_stats, lrnet, lrnet_input
+from fl_core.fedl2p.personalize import (ClientInputs, MetaNets, MetaStepSettings,
                                         fine_tune, meta_step, split_state)
 
 REFERENCE_COMMIT = "fe1944e98f4c60c9dd9f4e1b36d94cd13afc57ee"

@@ -25,15 +25,15 @@ and the seconds of each.
 
     # the full setting: Fashion-MNIST, 2 shards per client, 10 clients of 100 images, 3 seeds
     # (about 15 CPU seconds per round for the two together; the reference takes ~1.2-1.8x ours)
-    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --data-root ../shared/data --seeds 0 1 2
+    .venv/bin/python -m benchmarks.parity.fedselect --ref REF --data-root ../shared/data --seeds 0 1 2
     # --order own: independent batch orders; --weighting samples: ours averages with weights 1/K
     # (the same mean as the reference's sum / count, but the last bits differ and the runs drift)
     # speed: ours, the reference and the pure compute of the work, round by round, on random
     # CIFAR-shaped data (no download; ResNet-18 takes about 7 minutes)
-    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --setting cifar-cnn --timing --order own
-    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --setting cifar-resnet18 --timing --order own
+    .venv/bin/python -m benchmarks.parity.fedselect --ref REF --setting cifar-cnn --timing --order own
+    .venv/bin/python -m benchmarks.parity.fedselect --ref REF --setting cifar-resnet18 --timing --order own
     # the tiny synthetic run whose numbers tests/test_parity_fedselect.py pins:
-    .venv/bin/python benchmarks/parity/fedselect.py --ref REF --setting tiny --pins
+    .venv/bin/python -m benchmarks.parity.fedselect --ref REF --setting tiny --pins
 """
 from __future__ import annotations
 
@@ -47,16 +47,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.fixtures import random_federated
+from benchmarks.parity.report import ReplayLoader, Round, print_summary, save
+from benchmarks.round_overhead import pure_compute
+from fl_core.client_state import PackedMask
+from fl_core.config import RunConfig
+from fl_core.models import build_model
+from fl_core.simulation import Simulation
 
-from benchmarks.fixtures import random_federated  # noqa: E402
-from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
-from benchmarks.round_overhead import pure_compute  # noqa: E402
-from fl_core.client_state import PackedMask  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.models import build_model  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # The settings: our knobs (the reference's flag for each is in `reference_args`).
 SETTINGS = {
@@ -212,7 +211,7 @@ class ReferenceRun:
 
 def next_masks(sim: Simulation) -> list[dict[str, torch.Tensor]]:
     """Each client's mask for its next round (held back until the broadcast, which the last round skips)."""
-    return [PackedMask.from_dict(c.extra["next_mask"]) if "next_mask" in c.extra else c.mask for c in sim.clients]
+    return [PackedMask.from_dict(c.extra.next_mask) if c.extra.next_mask is not None else c.mask for c in sim.clients]
 
 
 def mask_digest(mask: dict[str, torch.Tensor]) -> dict[str, list[int]]:

@@ -34,9 +34,9 @@ With `--order shared` their training and fine-tuning loaders replay the batches 
 accuracies to the last digit for the first rounds (2 to 4 of 20, by seed; measured at 2ecd165)
 until float-rounding differences, amplified by training, surface.
 
-    .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 0   # masks only, ~1 min
-    .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --rounds 3 --seeds 0
-    .venv/bin/python benchmarks/parity/perfedmask.py --ref /path/to/PerFedMask --skip-masks --rounds 50 --seeds 0 1 2 \\
+    .venv/bin/python -m benchmarks.parity.perfedmask --ref /path/to/PerFedMask --rounds 0   # masks only, ~1 min
+    .venv/bin/python -m benchmarks.parity.perfedmask --ref /path/to/PerFedMask --rounds 3 --seeds 0
+    .venv/bin/python -m benchmarks.parity.perfedmask --ref /path/to/PerFedMask --skip-masks --rounds 50 --seeds 0 1 2 \\
         --momentum-scope round --data-root ../shared/data --json pfm.json     # the full setting (~50 CPU min)
     .venv/bin/python -m benchmarks.parity.report pfm.json --markdown          # the README's parity row
 """
@@ -55,12 +55,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
-from fl_core.devices import device_ratios  # noqa: E402
-from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca  # noqa: E402
-from fl_core.models import build_model, layer_groups  # noqa: E402
+from benchmarks.parity.report import ReplayLoader, Round, print_summary, save
+from fl_core.devices import device_ratios
+from fl_core.mask_problem import MaskProblem, greedy_masks, solve_exact, solve_sca
+from fl_core.models import build_model, layer_groups
 
 
 # ---------------------------------------------------------------- the authors' modules

@@ -21,10 +21,10 @@ Per seed it prints every round's accuracies, the size of each side's server cont
 and the largest difference between the two global models' parameters, and at the end whether each
 side's ‖c‖ became non-finite (the run diverged).
 
-    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --lr 0.02 \\
+    .venv/bin/python -m benchmarks.parity.scaffold --ref REF --data-root ../shared/data --lr 0.02 \\
         --seeds 0 1 2 --json scaffold.json
-    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --lr 0.05 --seeds 0 1 2 3 4 5
-    .venv/bin/python benchmarks/parity/scaffold.py --ref REF --data-root ../shared/data --order shared --rounds 5
+    .venv/bin/python -m benchmarks.parity.scaffold --ref REF --data-root ../shared/data --lr 0.05 --seeds 0 1 2 3 4 5
+    .venv/bin/python -m benchmarks.parity.scaffold --ref REF --data-root ../shared/data --order shared --rounds 5
 """
 from __future__ import annotations
 
@@ -39,12 +39,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.parity.report import ReplayLoader, Round, print_summary, save
+from fl_core.config import RunConfig
+from fl_core.simulation import Simulation
 
-from benchmarks.parity.report import ReplayLoader, Round, print_summary, save  # noqa: E402
-from fl_core.config import RunConfig  # noqa: E402
-from fl_core.simulation import Simulation  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SETTING = dict(algorithm="scaffold", dataset="fmnist", partition="dirichlet", dir_alpha=0.3, num_clients=10,
                samples_per_client=100, val_fraction=0.2, local_epochs=5, batch_size=32)

@@ -8,8 +8,8 @@ the personal ones (those of v̄'s training forwards). `acc_local` is the client'
 global model after its local steps, `acc_global` the broadcast FedAvg model.
 
 Every client holds the shared model w (`client.state`) and a personal model v
-(`client.extra["personal"]`, a full state started at the initial model, never sent) with its
-own α (`client.extra["alpha"]`, started at `apfl_alpha`, never sent). On every mini-batch ξ of
+(`client.extra.personal`, a full state started at the initial model, never sent) with its
+own α (`client.extra.alpha`, started at `apfl_alpha`, never sent). On every mini-batch ξ of
 the local update (`local_epochs` passes, the batch order of every method's "global" pass), from
 the values before the step:
     w ← w − η ∇f(w; ξ)                                   (plain SGD: FedAvg's client step)
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..client_state import ClientState
+from ..client_state import ClientState, PersonalModel
 from ..data import ClientData
 from ..functional import functional_cross_entropy
 from ..knobs import MethodParams, Space, knob
@@ -63,18 +63,24 @@ class APFLParams(MethodParams):
                                        "paper)", low=0, low_open=True)
 
 
+@dataclass(slots=True, eq=False)
+class APFLExtras(PersonalModel):
+    alpha: torch.Tensor | None = None  # the client's own mixing weight α (0-dim), never sent
+
+
 class APFL(Algorithm):
     name = "apfl"
     display = "APFL"
     Params = APFLParams
+    Extras = APFLExtras
     acc_from = Scored.CUSTOM
     evaluates = "mixed model α·v + (1-α)·w (personal v, broadcast w)"
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
-        client.extra["personal"] = {n: t.clone() for n, t in init.items()}  # v^0 = w^0
+        client.extra.personal = {n: t.clone() for n, t in init.items()}  # v^0 = w^0
         device = next(iter(init.values())).device
-        client.extra["alpha"] = torch.tensor(self.params.apfl_alpha, dtype=torch.float32, device=device)
+        client.extra.alpha = torch.tensor(self.params.apfl_alpha, dtype=torch.float32, device=device)
         return client
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
@@ -82,11 +88,11 @@ class APFL(Algorithm):
         adaptive = self.params.apfl_adaptive
         alpha_lr = lr if self.params.apfl_alpha_lr is None else self.params.apfl_alpha_lr
         names = self.param_names
-        personal = client.extra["personal"]
+        personal = client.extra.personal
         v = {n: personal[n].clone() for n in names}  # stepped in place below
         v_list = [v[n] for n in names]
         buffers = {n: t.clone() for n, t in personal.items() if n not in self.trainer.params}  # v̄'s BN statistics
-        alpha = client.extra["alpha"].clone()
+        alpha = client.extra.alpha.clone()
         mixed_loss = torch.zeros((), device=data.x_train.device)
 
         def personal_step(model: nn.Module, x: Tensor, y: Tensor) -> None:
@@ -111,20 +117,20 @@ class APFL(Algorithm):
         # w's own steps are FedAvg's (the pass's plain loss); v's come first on each batch
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
                                 batch_steps=[personal_step])
-        client.extra["personal"] = v | buffers
-        client.extra["alpha"] = alpha
+        client.extra.personal = v | buffers
+        client.extra.alpha = alpha
         # `loss` stays w's (FedAvg's); the mixed model's training loss and α are the method's metrics.
         stats.metrics = {"mixing_alpha": float(alpha),
                          "loss_mixed": float(mixed_loss) / stats.samples if stats.samples else float("nan")}
         return stats
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
-        alpha, v = client.extra["alpha"], client.extra["personal"]
+        alpha, v = client.extra.alpha, client.extra.personal
         return {n: alpha * v[n] + (1 - alpha) * client.state[n] if n in self.trainer.params else v[n]
                 for n in client.state}
 
     def evaluation_metrics(self, k: int, client: ClientState, data: ClientData) -> dict[str, float]:
-        return {"mixing_alpha": float(client.extra["alpha"])}
+        return {"mixing_alpha": float(client.extra.alpha)}
 
     def personal_fraction(self, client: ClientState) -> float:
         """The personal model v (and α) never leave the client; w is FedAvg's traffic."""

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import models
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import MethodParams, NoParams
@@ -111,6 +111,7 @@ class Algorithm:
     name: ClassVar[str]                 # the registry name (`algorithm`)
     display: ClassVar[str]              # the name in tables and legends
     Params: ClassVar[type[MethodParams]] = NoParams
+    Extras: ClassVar[type[ClientExtras]] = ClientExtras  # what a client keeps between rounds (client_state.py)
     acc_from: ClassVar[Scored] = Scored.LOCAL
     communicates: ClassVar[bool] = True
     # Whether a server carries the rounds' traffic (the busiest node is then the server): False for
@@ -194,7 +195,7 @@ class Algorithm:
         return [self.init_client(info.k, init) for info in clients]
 
     def init_client(self, k: int, init: State) -> ClientState:
-        return ClientState(state={n: t.clone() for n, t in init.items()})
+        return ClientState(state={n: t.clone() for n, t in init.items()}, extra=self.Extras())
 
     # ================================================================ hooks: who, and the client side
     def participants(self, rnd: int) -> list[int]:

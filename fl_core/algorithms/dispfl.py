@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
@@ -82,12 +82,18 @@ class DisPFLParams(TopologyParams):
         return display + (" (RSM)" if self.static_masks else "")
 
 
+@dataclass(slots=True, eq=False)
+class DisPFLExtras(ClientExtras):
+    next_mask: State | None = None  # the mask it grew this round, applied after aggregation
+
+
 class DisPFL(DPSGD):
     """D-PSGD's rounds (participants, topology) with sparse personalized models."""
 
     name = "dispfl"
     display = "DisPFL"
     Params = DisPFLParams
+    Extras = DisPFLExtras
     acc_from = Scored.LOCAL
     evaluates = "its sparse model after local training (acc_global: after aggregation, under its new mask)"
     sparse_states = True  # inactive entries are exactly 0 (set at init, kept by masked training and mixing)
@@ -105,7 +111,7 @@ class DisPFL(DPSGD):
                                                               0 if self.params.same_masks else k))
         active = {n: m.to(init[n].device) for n, m in random_masks(self.shapes, densities, generator).items()}
         state = {n: t * active[n] if n in active else t.clone() for n, t in init.items()}
-        client = ClientState(state=state)
+        client = ClientState(state=state, extra=self.Extras())
         client.mask = {n: ~m for n, m in active.items()}
         return client
 
@@ -116,7 +122,7 @@ class DisPFL(DPSGD):
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update,
                                 corrections=clipped(self.params.max_grad_norm))
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)
-        client.extra["next_mask"] = new
+        client.extra.next_mask = new
         entries = sum(m.numel() for m in old.values())
         stats.metrics = {"density": 1 - sum(count_nonzero(m) for m in new.values()) / entries,
                          "mask_churn": hamming(old, new) / entries} | self.training_gflops(old, data)
@@ -158,7 +164,7 @@ class DisPFL(DPSGD):
                        graph: dict[int, list[int]], rnd: int) -> Traffic:
         traffic = super().mix_neighbours(clients, data, graph, rnd)  # under the masks trained with
         for client in clients:  # then each client's new mask: pruned entries 0, regrown ones as averaged
-            new = client.extra.pop("next_mask", None)
+            new, client.extra.next_mask = client.extra.next_mask, None
             if new is not None:
                 client.state = client.state | {n: zero_where(client.state[n], m) for n, m in new.items()}
                 client.mask = new

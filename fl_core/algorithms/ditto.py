@@ -7,7 +7,7 @@ broadcast FedAvg model.
 
 Every client holds two models. The global one, w (`client.state`), is trained exactly as in
 FedAvg: `local_epochs` epochs of plain local SGD from the received w^t, then averaged by the
-server. The personal one, v_k (`client.extra["personal"]`, a full state that never leaves the
+server. The personal one, v_k (`client.extra.personal`, a full state that never leaves the
 client), starts at the same initial model and is trained every round for `local_epochs` epochs on
 
     h_k(v; w^t) = F_k(v) + λ/2 · ||v − w^t||²,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..client_state import ClientState
+from ..client_state import ClientState, PersonalModel
 from ..data import ClientData
 from ..knobs import MethodParams, Space, knob
 from ..training import Proximal, State
@@ -45,12 +45,13 @@ class Ditto(Algorithm):
     name = "ditto"
     display = "Ditto"
     Params = DittoParams
+    Extras = PersonalModel
     acc_from = Scored.CUSTOM
     evaluates = "personal model"
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
-        client.extra["personal"] = {n: t.clone() for n, t in init.items()}  # v_k^0 = w^0
+        client.extra.personal = {n: t.clone() for n, t in init.items()}  # v_k^0 = w^0
         return client
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
@@ -59,15 +60,15 @@ class Ditto(Algorithm):
         # Global part: plain local SGD on w, exactly FedAvg's client step.
         stats = self.run_epochs(k, client, data, rnd, epochs, self.full_update())
         # Personal part: SGD on F_k(v) + λ/2 ||v - w^t||², same batches as the global passes.
-        personal = ClientState(state=client.extra["personal"])
+        personal = ClientState(state=client.extra.personal)
         pstats = self.run_epochs(k, personal, data, rnd, epochs, self.full_update(), purpose="global",
                                  corrections=[Proximal(self.params.ditto_lambda, received)])
-        client.extra["personal"] = personal.state
+        client.extra.personal = personal.state
         # Reported loss: the mean cross-entropy over both kinds of pass (the prox term is not in it).
         return LocalStats(stats.loss_sum + pstats.loss_sum, stats.samples + pstats.samples)
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
-        return client.extra["personal"]
+        return client.extra.personal
 
     def personal_fraction(self, client: ClientState) -> float:
         """The evaluated (personal) model never leaves the client; the global copy is FedAvg's."""

@@ -11,11 +11,11 @@ FedAvg reports as its `acc`.
 
 The server is FedAvg's: it averages every parameter of the participants (`aggregation_weights`)
 and broadcasts the average θ_g. A client does not overwrite its model with θ_g: on receiving it
-keeps its last trained parameters θ_k (`client.extra["fedala_local"]`), and at the start of its
+keeps its last trained parameters θ_k (`client.extra.fedala_local`), and at the start of its
 next local update builds its initial model by ALA:
   - the lower layers take θ_g as is;
   - the top p = `fedala_layers` layers take θ_k + (θ_g − θ_k) ⊙ W, with element-wise weights W
-    (one per entry of those layers, `client.extra["fedala_w"]`, kept between rounds), initialised
+    (one per entry of those layers, `client.extra.fedala_w`, kept between rounds), initialised
     to 1 and learned on a random s = `fedala_rand_percent` % of the client's training samples
     (drawn anew each round, visited in batches of `batch_size`, the same order every epoch): per
     batch, with the cross-entropy L of the aggregated model,
@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .. import models
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, knob
@@ -101,10 +101,17 @@ def aggregated(start: State, diff: State, weights: State) -> State:
     return start | {n: start[n] - diff[n] * (1 - w) for n, w in weights.items()}
 
 
+@dataclass(slots=True, eq=False)
+class FedALAExtras(ClientExtras):
+    fedala_local: State | None = None  # θ_k: its parameters after its last local training
+    fedala_w: State | None = None      # W: its learned aggregation weights, kept between rounds
+
+
 class FedALA(Algorithm):
     name = "fedala"
     display = "FedALA"
     Params = FedALAParams
+    Extras = FedALAExtras
     acc_from = Scored.LOCAL
     evaluates = ("its model after local training, started from its adaptive local aggregation "
                  "(acc_global: the FedAvg model)")
@@ -128,16 +135,16 @@ class FedALA(Algorithm):
     def receive(self, client: ClientState) -> None:
         """Keep the trained parameters θ_k for ALA (unless it has not trained since the last
         broadcast), then take the broadcast θ_g."""
-        if "fedala_local" not in client.extra:
-            client.extra["fedala_local"] = {n: client.state[n] for n in self.param_names}
+        if client.extra.fedala_local is None:
+            client.extra.fedala_local = {n: client.state[n] for n in self.param_names}
         super().receive(client)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        local = client.extra.pop("fedala_local", None)
+        local, client.extra.fedala_local = client.extra.fedala_local, None
         metrics = {"ala_epochs": 0.0}
         if local is not None:
             metrics = self.adaptive_local_aggregation(k, client, data, rnd, local)
-        w = client.extra.get("fedala_w")  # NaN until the client's first ALA
+        w = client.extra.fedala_w  # NaN until the client's first ALA
         metrics["ala_weight_mean"] = (float(sum(t.sum() for t in w.values()) / sum(t.numel() for t in w.values()))
                                       if w else float("nan"))
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update())
@@ -153,8 +160,8 @@ class FedALA(Algorithm):
             return {"ala_epochs": 0.0}
         p = self.params
         diff = {n: start[n] - local[n] for n in names}
-        first = "fedala_w" not in client.extra
-        weights = client.extra.get("fedala_w") or {n: torch.ones_like(start[n]) for n in names}
+        first = client.extra.fedala_w is None
+        weights = client.extra.fedala_w or {n: torch.ones_like(start[n]) for n in names}
         count = max(1, int(p.fedala_rand_percent / 100 * data.n_train))
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, rnd, k, "fedala"))
         sample = torch.randperm(data.n_train, generator=generator)[:count].to(data.x_train.device)
@@ -170,6 +177,6 @@ class FedALA(Algorithm):
                 break
             if len(losses) > p.fedala_window and np.std(losses[-p.fedala_window:]) < p.fedala_threshold:
                 break
-        client.extra["fedala_w"] = weights
+        client.extra.fedala_w = weights
         client.state = aggregated(start, diff, weights)
         return {"ala_epochs": float(epochs)}

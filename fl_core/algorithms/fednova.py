@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import ConfigError, knob
@@ -106,10 +106,16 @@ class FedNovaParams(LimitedFineTuneParams):
                               f"sources of unequal local work; set one of them")
 
 
+@dataclass(slots=True, eq=False)
+class FedNovaExtras(ClientExtras):
+    nova_a: float | None = None  # ||a_i||_1 of this round's update, read (and dropped) by `aggregate`
+
+
 class FedNova(FineTuning):
     name = "fednova"
     display = "FedNova"
     Params = FedNovaParams
+    Extras = FedNovaExtras
     protocol = FineTuneProtocol(epochs=0)  # acc = the broadcast model unless a study sets ft_epochs
     evaluates = "the broadcast model, fine-tuned when ft_epochs > 0 (acc_global: before fine-tuning)"
     default_bn_stats = "global"  # one global model, as FedAvg
@@ -147,7 +153,7 @@ class FedNova(FineTuning):
         if self.params.nova_form == "lr" and a > 0:
             options["lr"] = self.lr(rnd) * self.lr_scale(k, a, rnd)
         stats = self.limited_update(k, client, data, rnd, self.full_update(), **options)
-        client.extra["nova_a"] = a  # read (and dropped) by `aggregate`
+        client.extra.nova_a = a  # read (and dropped) by `aggregate`
         stats.metrics |= {"local_steps": float(steps), "nova_a": a}
         return stats
 
@@ -155,7 +161,9 @@ class FedNova(FineTuning):
         """x ← x − τ_eff Σ p_i (x − x_i)/a_i over the shared parameters (`nova_form = "lr"`: the
         plain average, the clients' learning rates having been scaled); traffic as FedAvg's (each
         participant sends its model and receives the new one)."""
-        norms = [float(c.extra.pop("nova_a")) for c in clients]
+        norms = [float(c.extra.nova_a) for c in clients]
+        for c in clients:
+            c.extra.nova_a = None  # this round's only
         if self.params.nova_form == "lr":
             return super().aggregate(clients, data, rnd)
         weights = self.aggregation_weights(data)

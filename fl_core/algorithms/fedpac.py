@@ -61,7 +61,7 @@ from torch.nn import functional as F
 
 from dataclasses import dataclass
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import masked_average
@@ -184,10 +184,19 @@ def alignment_loss(z: Tensor, y: Tensor, protos: Tensor, known: Tensor) -> Tenso
 
 
 # ---------------------------------------------------------------------------- the algorithm
+@dataclass(slots=True, eq=False)
+class FedPACExtras(ClientExtras):
+    stat_h: torch.Tensor | None = None        # h_i: its mean feature
+    stat_v: float | None = None               # V_i: its feature variance term
+    protos: torch.Tensor | None = None        # its per-class mean features
+    proto_counts: torch.Tensor | None = None  # its per-class sample counts
+
+
 class FedPAC(Algorithm):
     name = "fedpac"
     display = "FedPAC"
     Params = FedPACParams
+    Extras = FedPACExtras
     acc_from = Scored.GLOBAL
 
     def __init__(self, config, trainer, model_name) -> None:
@@ -238,7 +247,7 @@ class FedPAC(Algorithm):
         # 0. collaboration statistics under the received extractor
         z = self.features(client.state, data.x_train)
         _, _, h, v = class_statistics(z, data.y_train, self.num_classes)
-        client.extra["stat_h"], client.extra["stat_v"] = h, float(v)
+        client.extra.stat_h, client.extra.stat_v = h, float(v)
         # 1. the head, extractor frozen
         stats = self.run_epochs(k, client, data, rnd, 1, {n: None for n in self.head_names}, purpose="head")
         # 2. the extractor, head frozen, with feature alignment
@@ -252,7 +261,7 @@ class FedPAC(Algorithm):
         # 3. local prototypes under the trained extractor
         counts, means, _, _ = class_statistics(self.features(client.state, data.x_train), data.y_train,
                                                self.num_classes)
-        client.extra["protos"], client.extra["proto_counts"] = means.to(z.dtype), counts
+        client.extra.protos, client.extra.proto_counts = means.to(z.dtype), counts
         return stats
 
     # ---------------------------------------------------------------- server side
@@ -276,11 +285,11 @@ class FedPAC(Algorithm):
             self.aggregation_weights(data), self.body_names))
         # global prototypes
         self.global_protos, self.known = aggregate_prototypes(
-            torch.stack([c.extra["protos"] for c in clients]), torch.stack([c.extra["proto_counts"] for c in clients]),
+            torch.stack([c.extra.protos for c in clients]), torch.stack([c.extra.proto_counts for c in clients]),
             self.global_protos, self.known)
         # classifier collaboration over the heads after local training
-        h = torch.stack([c.extra["stat_h"] for c in clients])
-        v = torch.tensor([c.extra["stat_v"] for c in clients], dtype=torch.float64, device=h.device)
+        h = torch.stack([c.extra.stat_h for c in clients])
+        v = torch.tensor([c.extra.stat_v for c in clients], dtype=torch.float64, device=h.device)
         self.alpha = self.combination_weights(h, v).to(h.device)
         heads = {n: torch.stack([c.state[n] for c in clients]) for n in self.head_names}
         for i, client in enumerate(clients):

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..client_state import ClientState, PackedMask
+from ..client_state import ClientExtras, ClientState, PackedMask
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, Space, knob
 from ..masks import as_float, grow_count, personal_fraction, select_largest
@@ -90,12 +90,19 @@ class FedSelectParams(MethodParams):
         return f"{display} ({VARIANT_LABELS[self.fedselect_variant]})"
 
 
+@dataclass(slots=True, eq=False)
+class FedSelectExtras(ClientExtras):
+    fraction: float | None = None      # the personal share its next mask grows to
+    next_mask: dict | None = None      # the grown mask (PackedMask.to_dict()), applied at the broadcast
+
+
 class FedSelect(Algorithm):
     """The paper's FedSelect; `fedselect_mode="faithful"` makes the run a `FaithfulFedSelect`."""
 
     name = "fedselect"
     display = "FedSelect"
     Params = FedSelectParams
+    Extras = FedSelectExtras
     acc_from = Scored.LOCAL
     include_ties = False  # entries tied with the last one selected become personal too
 
@@ -120,7 +127,7 @@ class FedSelect(Algorithm):
                 raise ConfigError(f"layer_block={block!r} names no parameter of model {self.model_name}")
             client.mask = {n: torch.full_like(init[n], block_of(self.model_name, n) == block, dtype=torch.bool)
                            for n in self.param_names}
-        client.extra["fraction"] = 0.0
+        client.extra.fraction = 0.0
         return client
 
     # ---------------------------------------------------------------- client side
@@ -131,7 +138,7 @@ class FedSelect(Algorithm):
         stats = self.local_alt(k, client, data, rnd)
         if grows:
             # kept bit-packed (as plain tensors, so that a saved state stays loadable) until the broadcast
-            client.extra["next_mask"] = PackedMask(self.grad_select(client, reference, rnd, k)).to_dict()
+            client.extra.next_mask = PackedMask(self.grad_select(client, reference, rnd, k)).to_dict()
             self.after_growth(client)
         return stats
 
@@ -179,8 +186,8 @@ class FedSelect(Algorithm):
         """(tensor name, its mask) -> how many entries become personal this round: the paper's
         schedule, f <- min(α, f + p(1 - f)) of each tensor's entries (the client's f advanced once)."""
         p, alpha = self.params.pers_rate, self.params.pers_limit
-        f = min(alpha, client.extra["fraction"] + p * (1.0 - client.extra["fraction"]))
-        client.extra["fraction"] = f
+        f = min(alpha, client.extra.fraction + p * (1.0 - client.extra.fraction))
+        client.extra.fraction = f
         return lambda n, mask: grow_count(self.numels[n], f) - int(mask.sum())
 
     def selection_scores(self, delta: torch.Tensor, rnd: int, k: int, name: str) -> torch.Tensor:
@@ -197,7 +204,7 @@ class FedSelect(Algorithm):
     @staticmethod
     def apply_next_mask(client: ClientState) -> None:
         """Switch to the mask GradSelect chose (after this round's broadcast used the old one)."""
-        grown = client.extra.pop("next_mask", None)
+        grown, client.extra.next_mask = client.extra.next_mask, None
         if grown is not None:
             client.mask = PackedMask.from_dict(grown)
 
@@ -212,29 +219,35 @@ class FedSelect(Algorithm):
 
     def personal_fraction(self, client: ClientState) -> float:
         """Of the mask the client holds for its next round."""
-        grown = client.extra.get("next_mask")
+        grown = client.extra.next_mask
         return personal_fraction(client.mask if grown is None else PackedMask.from_dict(grown), self.numels)
+
+
+@dataclass(slots=True, eq=False)
+class FaithfulFedSelectExtras(FedSelectExtras):
+    reference: State | None = None  # the selectable tensors at its last mask update (Δ is from them)
 
 
 class FaithfulFedSelect(FedSelect):
     """`fedselect_mode="faithful"`: FedSelect as the public reference code runs it (the module
     docstring lists each difference; the same knobs, the same config hashes)."""
 
+    Extras = FaithfulFedSelectExtras
     include_ties = True
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
         if self.params.fedselect_variant != "layer":  # the first Δ is from the initial model
-            client.extra["reference"] = {n: init[n].clone() for n in self.selectable}
+            client.extra.reference = {n: init[n].clone() for n in self.selectable}
         return client
 
     def delta_reference(self, client: ClientState) -> State:
         """The state kept at the client's last mask update (the initial model before the first)."""
-        return client.extra["reference"]
+        return client.extra.reference
 
     def after_growth(self, client: ClientState) -> None:
         """The next Δ is measured from here (after training, before the broadcast)."""
-        client.extra["reference"] = {n: client.state[n].clone() for n in self.selectable}
+        client.extra.reference = {n: client.state[n].clone() for n in self.selectable}
 
     def grows_in(self, rnd: int) -> bool:
         return rnd > 1 and (rnd - 1) % self.params.mask_every == 0

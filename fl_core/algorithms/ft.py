@@ -77,7 +77,7 @@ class Personalizing(Algorithm):
                     num_classes: int) -> nn.Module:
         if not config.pretrained and config.init_weights is None:
             raise ConfigError(f"{config.algorithm} personalizes a pretrained model: give pretrained=<config hash of "
-                              f"the pretraining run> (sweeps/fedl2p.py runs both stages) or init_weights=<file>")
+                              f"the pretraining run> (the fedl2p study runs both stages) or init_weights=<file>")
         if cls.needs_validation and config.val_fraction <= 0:
             raise ConfigError(f"{config.algorithm} learns its policy on each client's validation split: give "
                               f"val_fraction > 0 (FedL2P's paper holds out 0.2)")

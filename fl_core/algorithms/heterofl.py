@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..devices import WidthScoringParams
 from ..masks import Mask
@@ -189,10 +189,16 @@ def width_slices(model: nn.Module, model_name: str, ratio: float,
 
 
 # ---------------------------------------------------------------------------- the method
+@dataclass(slots=True, eq=False)
+class HeteroFLExtras(ClientExtras):
+    width: float | None = None  # the device's width ratio
+
+
 class HeteroFL(WidthScoring):
     name = "heterofl"
     display = "HeteroFL"
     Params = HeteroFLParams
+    Extras = HeteroFLExtras
     protocol = FineTuneProtocol(epochs=0)  # acc = the (sub-)model unless a study sets ft_epochs
     evaluates = "the client's width slice of the broadcast model, fine-tuned when ft_epochs > 0 " \
                 "(acc_global: before fine-tuning)"
@@ -214,7 +220,7 @@ class HeteroFL(WidthScoring):
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)  # fresh copies of the initial model
-        client.extra["width"] = self.widths[k]
+        client.extra.width = self.widths[k]
         self._zero_outside(client)
         return client
 
@@ -224,7 +230,7 @@ class HeteroFL(WidthScoring):
 
     def _zero_outside(self, client: ClientState) -> None:
         """Zero the client's entries outside its slice (in place: its tensors are its own copies)."""
-        _, outside, _ = self.slices(client.extra["width"])
+        _, outside, _ = self.slices(client.extra.width)
         for n, m in outside.items():
             client.state[n].masked_fill_(m, 0)
 
@@ -248,5 +254,5 @@ class HeteroFL(WidthScoring):
 
     def contribution(self, client: ClientState) -> Mask | None:
         """The client's slice (None for a full-width client, which sends everything)."""
-        inside, _, _ = self.slices(client.extra["width"])
+        inside, _, _ = self.slices(client.extra.width)
         return inside or None

@@ -39,7 +39,7 @@ entries plus every non-prunable parameter), each way.
 
 `personal_fraction` reports the pruned share of *all* parameter entries (the same denominator
 as the other methods, so that bytes = 4 · total entries · (1 − personal_fraction)); the paper's
-pruning rate over prunable weights only is `extra["sparsity"]`.
+pruning rate over prunable weights only is `extra.sparsity`.
 
 The authors' runs (official code README): prune step r_p = 20 %; acc_threshold 0.5 on MNIST and
 EMNIST, 0.1 on CIFAR-10; and their r_target ("prune_end_rate") is the share of weights that
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import as_float, personal_fraction, zero_where
@@ -83,10 +83,17 @@ def mnist_like(dataset: str) -> bool:
     return dataset.split("_")[0] in MNIST_LIKE
 
 
+@dataclass(slots=True, eq=False)
+class LotteryFLExtras(ClientExtras):
+    sparsity: float | None = None  # the share of prunable weights its mask has pruned
+    val_acc: float | None = None   # its accuracy on its validation split at its last update
+
+
 class LotteryFL(Algorithm):
     name = "lotteryfl"
     display = "LotteryFL"
     Params = LotteryFLParams
+    Extras = LotteryFLExtras
     acc_from = Scored.LOCAL
 
     def __init__(self, config, trainer, model_name) -> None:
@@ -109,8 +116,8 @@ class LotteryFL(Algorithm):
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
         client.mask = {n: torch.zeros_like(init[n], dtype=torch.bool) for n in self.prunable}
-        client.extra["sparsity"] = 0.0
-        client.extra["val_acc"] = 0.0
+        client.extra.sparsity = 0.0
+        client.extra.val_acc = 0.0
         return client
 
     # ---------------------------------------------------------------- pruning schedule
@@ -142,13 +149,13 @@ class LotteryFL(Algorithm):
             init = self.initial[n]
             mask = client.mask.get(n)
             client.state[n] = init.clone() if mask is None else zero_where(init, mask)
-        client.extra["sparsity"] = self.sparsity(client)
+        client.extra.sparsity = self.sparsity(client)
 
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         x, y = (data.x_val, data.y_val) if data.n_val else (data.x_train, data.y_train)
         acc = self.trainer.evaluate(client.state, x, y) / y.shape[0]
-        client.extra["val_acc"] = acc
+        client.extra.val_acc = acc
         if acc > self.acc_threshold:
             counts = self.prune_counts(client)
             if any(counts.values()):
@@ -156,7 +163,7 @@ class LotteryFL(Algorithm):
         update = {n: as_float(~client.mask[n]) if n in client.mask else None
                   for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update)
-        stats.metrics = {"lottery_sparsity": client.extra["sparsity"], "lottery_val_acc": acc}
+        stats.metrics = {"lottery_sparsity": client.extra.sparsity, "lottery_val_acc": acc}
         return stats
 
     # ---------------------------------------------------------------- server side

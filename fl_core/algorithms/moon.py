@@ -12,7 +12,7 @@ model w^t, descends at every SGD step
 
 averaged over the mini-batch, with sim the cosine similarity and z, z_glob, z_prev the
 representations of the batch under the model being trained, under w^t, and under the client's
-own model at the end of its previous round (`client.extra["moon_prev"]`, a full state kept on
+own model at the end of its previous round (`client.extra.moon_prev`, a full state kept on
 the client). The term pulls the local representation towards the global model's and pushes it
 away from the previous local one. z_glob and z_prev are computed without gradient, with
 `torch.func.functional_call` on the shared module (the trainer is not re-entrant), in eval mode
@@ -44,14 +44,13 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..models import FeatureTap, head_module
 from ..training import LossFn, State
 from .base import Algorithm, LocalStats, Scored
 
-PREVIOUS = "moon_prev"  # client.extra: the client's model at the end of its last local update
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,16 @@ def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float
     return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
 
 
+@dataclass(slots=True, eq=False)
+class MOONExtras(ClientExtras):
+    moon_prev: State | None = None  # its model at the end of its last local update
+
+
 class MOON(Algorithm):
     name = "moon"
     display = "MOON"
     Params = MOONParams
+    Extras = MOONExtras
     acc_from = Scored.GLOBAL
     default_bn_stats = "global"  # one global model, as FedAvg
 
@@ -112,9 +117,9 @@ class MOON(Algorithm):
         if self.params.moon_mu == 0:
             stats = super().local_update(k, client, data, rnd)
         else:
-            prev = client.extra.get(PREVIOUS, received)
+            prev = received if client.extra.moon_prev is None else client.extra.moon_prev
             stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
                                     loss_fn=self.objective(received, prev))
         # The trained state's tensors are replaced, not modified, by the broadcast: keep them as they are.
-        client.extra[PREVIOUS] = dict(client.state)
+        client.extra.moon_prev = dict(client.state)
         return stats

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..devices import DeviceParams
 from ..knobs import ConfigError, knob
@@ -74,10 +74,16 @@ def _solve_cached(sizes: tuple[int, ...], budgets: tuple[float, ...], method: st
     return solve(MaskProblem(np.array(sizes), np.array(budgets)), method=method)
 
 
+@dataclass(slots=True, eq=False)
+class PerFedMaskExtras(ClientExtras):
+    device: int | None = None  # which device it is: `contribution` looks up its frozen groups
+
+
 class PerFedMask(FineTuning):
     name = "perfedmask"
     display = "PerFedMask"
     Params = PerFedMaskParams
+    Extras = PerFedMaskExtras
     protocol = FineTuneProtocol(epochs=5, lr=None, momentum=0.9)
 
     def setup(self, init: State, clients: Sequence[ClientInfo]) -> list[ClientState]:
@@ -97,7 +103,7 @@ class PerFedMask(FineTuning):
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
-        client.extra["device"] = k  # which device it is: `contribution` looks up its frozen groups
+        client.extra.device = k  # which device it is: `contribution` looks up its frozen groups
         return client
 
     def trained_entries(self, k: int) -> UpdateSpec:
@@ -117,7 +123,7 @@ class PerFedMask(FineTuning):
 
     def contribution(self, client: ClientState) -> Mask | None:
         """A device sends the groups it trains; its frozen body tensors are not sent."""
-        trained = set(self.trains[client.extra["device"]])
+        trained = set(self.trains[client.extra.device])
         return self.withheld(n for n in self.body_names if n not in trained)
 
     def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:

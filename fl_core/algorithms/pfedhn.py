@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..config import ConfigError
 from ..data import ClientData
 from ..knobs import MethodParams, knob
@@ -61,8 +61,6 @@ from ..training import State, clipped, derive_seed
 from .base import Algorithm, BYTES_PER_ENTRY, ClientInfo, LocalStats, Scored, Traffic
 
 MAX_TARGET_PARAMS = 250_000
-CLIENT_KEY = "pfedhn_client"  # client.extra: the client's index (its embedding row)
-DELTA_KEY = "pfedhn_delta"    # client.extra, within a round: Δθ = θ − θ̃, read (and dropped) by `aggregate`
 
 
 @dataclass(frozen=True)
@@ -102,10 +100,17 @@ class HyperNetwork(nn.Module):
         return {n: piece.view(shape) for (n, shape), piece in zip(self.shapes.items(), pieces)}
 
 
+@dataclass(slots=True, eq=False)
+class PFedHNExtras(ClientExtras):
+    pfedhn_client: int | None = None  # its index: its embedding row
+    pfedhn_delta: State | None = None  # within a round: Δθ = θ − θ̃, read (and dropped) by `aggregate`
+
+
 class PFedHN(Algorithm):
     name = "pfedhn"
     display = "pFedHN"
     Params = PFedHNParams
+    Extras = PFedHNExtras
     acc_from = Scored.GLOBAL
     evaluates = "the model the hypernetwork generates for the client after the server step"
 
@@ -128,7 +133,7 @@ class PFedHN(Algorithm):
         return super().setup(init, clients)
 
     def init_client(self, k: int, init: State) -> ClientState:
-        client = ClientState(state={n: t.clone() for n, t in init.items()}, extra={CLIENT_KEY: k})
+        client = ClientState(state={n: t.clone() for n, t in init.items()}, extra=PFedHNExtras(pfedhn_client=k))
         self.receive(client)  # θ_k^0 = h(v_k; φ^0); buffers from the built model
         return client
 
@@ -141,7 +146,7 @@ class PFedHN(Algorithm):
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         start = {n: client.state[n].clone() for n in self.param_names}
         stats = self.inner_steps(k, client, data, rnd)
-        client.extra[DELTA_KEY] = {n: start[n] - client.state[n] for n in self.param_names}
+        client.extra.pfedhn_delta = {n: start[n] - client.state[n] for n in self.param_names}
         return stats
 
     def inner_steps(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
@@ -187,8 +192,10 @@ class PFedHN(Algorithm):
         self.optimizer.zero_grad(set_to_none=True)
 
     def aggregate(self, clients: Sequence[ClientState], data: Sequence[ClientData], rnd: int) -> Traffic:
-        ks = [c.extra[CLIENT_KEY] for c in clients]
-        deltas = [c.extra.pop(DELTA_KEY) for c in clients]
+        ks = [c.extra.pfedhn_client for c in clients]
+        deltas = [c.extra.pfedhn_delta for c in clients]
+        for c in clients:
+            c.extra.pfedhn_delta = None  # this round's only
         coefficients = ([len(clients) * w for w in self.aggregation_weights(data)]
                         if self.config.weighting == "samples" else [1.0] * len(clients))
         self.server_step(ks, deltas, coefficients)
@@ -199,7 +206,7 @@ class PFedHN(Algorithm):
 
     def receive(self, client: ClientState) -> None:
         """The server sends θ_k = h(v_k; φ) (buffers stay the client's)."""
-        client.state.update(self.generate(client.extra[CLIENT_KEY]))
+        client.state.update(self.generate(client.extra.pfedhn_client))
 
     def sent_bytes(self, client: ClientState) -> int:
         """θ_k down or Δθ_k up: the target model's parameters."""

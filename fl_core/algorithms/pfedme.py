@@ -8,7 +8,7 @@ local update, with the BatchNorm statistics of its inner steps. The authors' cod
 after its local update, `acc_global` the broadcast global model.
 
 Each client keeps a local model w (`client.state`, sent and averaged) and a personalized model θ
-(`client.extra["personal"]`, never sent). A local update starts from the received w^t with
+(`client.extra.personal`, never sent). A local update starts from the received w^t with
 θ = w^t and makes one outer step per mini-batch D (`local_epochs` passes over the client's data,
 in the batch order every method's "global" pass uses):
   1. θ̃ ≈ argmin_θ  f(θ; D) + λ/2 · ||θ − w||²: K = `pfedme_k` gradient steps of size
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor, nn
 
-from ..client_state import ClientState
+from ..client_state import ClientState, PersonalModel
 from ..data import ClientData
 from ..functional import functional_cross_entropy, functional_sgd
 from ..knobs import MethodParams, Space, knob
@@ -80,12 +80,13 @@ class PFedMe(Algorithm):
     name = "pfedme"
     display = "pFedMe"
     Params = PFedMeParams
+    Extras = PersonalModel
     acc_from = Scored.CUSTOM
     evaluates = "personalized model θ̃ (the last inner solution of its latest local update)"
 
     def init_client(self, k: int, init: State) -> ClientState:
         client = super().init_client(k, init)
-        client.extra["personal"] = {n: t.clone() for n, t in init.items()}  # θ̃ before any training: w^0
+        client.extra.personal = {n: t.clone() for n, t in init.items()}  # θ̃ before any training: w^0
         return client
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
@@ -125,7 +126,7 @@ class PFedMe(Algorithm):
 
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
                                 batch_steps=[inner_solve], loss_fn=pull)
-        client.extra["personal"] = theta | buffers
+        client.extra.personal = theta | buffers
         client.state = client.state | {n: b.clone() for n, b in buffers.items()}
         gap = math.sqrt(sum(float((theta[n] - client.state[n]).pow(2).sum()) for n in names))
         stats.metrics = {"personal_gap": gap}  # ||θ̃ − w|| after the local update
@@ -145,7 +146,7 @@ class PFedMe(Algorithm):
         return traffic
 
     def personalized_model(self, k: int, client: ClientState, data: ClientData, rnd: int) -> State:
-        return client.extra["personal"]
+        return client.extra.personal
 
     def personal_fraction(self, client: ClientState) -> float:
         """The evaluated model θ̃ never leaves the client (its w is FedAvg-like traffic)."""

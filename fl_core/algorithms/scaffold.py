@@ -5,7 +5,7 @@ Evaluated per client: the broadcast global model (`acc_global`, as FedAvg); `acc
 client's model after its corrected local steps, before the server step.
 
 The server keeps a control variate c and every client k its own c_k, one tensor per model
-parameter, all starting at zero (c_k lives in `client.extra["scaffold_c"]`, absent = still zero;
+parameter, all starting at zero (c_k lives in `client.extra.scaffold_c`, None = still zero;
 c in `state_dict`). Round t, participant k, starting from the global model x:
   - local steps on y (from x): every SGD step adds the correction c − c_k to the loss gradient,
         y ← y − η (g_k(y) − c_k + c),
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
 from ..masks import masked_average
@@ -54,8 +54,12 @@ from ..training import ShiftGradient, State
 from .base import Algorithm, BYTES_PER_ENTRY, ClientInfo, LocalStats, Scored, Traffic
 from .fednova import local_steps_weight
 
-CONTROL = "scaffold_c"        # client.extra: c_k (name -> tensor); absent while still zero
-DELTA = "scaffold_delta_c"    # client.extra: Δc_k of this round, sent up and dropped by `aggregate`
+
+
+@dataclass(slots=True, eq=False)
+class SCAFFOLDExtras(ClientExtras):
+    scaffold_c: State | None = None        # c_k (name -> tensor); None while still zero
+    scaffold_delta_c: State | None = None  # Δc_k of this round, sent up and dropped by `aggregate`
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class SCAFFOLD(Algorithm):
     name = "scaffold"
     display = "SCAFFOLD"
     Params = SCAFFOLDParams
+    Extras = SCAFFOLDExtras
     acc_from = Scored.GLOBAL
     default_bn_stats = "global"  # one global model, as FedAvg
 
@@ -83,7 +88,7 @@ class SCAFFOLD(Algorithm):
                                   cfg.momentum_scope)
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        c, ck = self.control, client.extra.get(CONTROL)
+        c, ck = self.control, client.extra.scaffold_c
         shift = c if ck is None else {n: c[n] - ck[n] for n in self.param_names}
         x = {n: client.state[n] for n in self.param_names}  # passes return new tensors: x stays as received
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.full_update(),
@@ -95,10 +100,10 @@ class SCAFFOLD(Algorithm):
             if ck is not None:
                 for n in self.param_names:
                     new[n].add_(ck[n])
-            client.extra[DELTA] = new if ck is None else {n: new[n] - ck[n] for n in self.param_names}
-            client.extra[CONTROL] = new
+            client.extra.scaffold_delta_c = new if ck is None else {n: new[n] - ck[n] for n in self.param_names}
+            client.extra.scaffold_c = new
         else:  # no training data: no step, nothing learnt about the client's gradient
-            client.extra[DELTA] = {n: torch.zeros_like(c[n]) for n in self.param_names}
+            client.extra.scaffold_delta_c = {n: torch.zeros_like(c[n]) for n in self.param_names}
         stats.metrics = {"local_steps": float(steps)}
         return stats
 
@@ -112,7 +117,7 @@ class SCAFFOLD(Algorithm):
         total = sum(info.n_train for info in seen)
         for client, d in zip(clients, data):
             q = d.n_train / total if self.config.weighting == "samples" else 1.0 / len(seen)
-            delta = client.extra.pop(DELTA)
+            delta, client.extra.scaffold_delta_c = client.extra.scaffold_delta_c, None
             for n in names:
                 self.control[n].add_(delta[n], alpha=q)
         sent = [self.sent_bytes(c) for c in clients]

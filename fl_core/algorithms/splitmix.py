@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .. import models
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..config import ConfigError, RunConfig
 from ..data import ClientData
 from ..devices import WidthScoringParams, parse_ratios
@@ -103,10 +103,16 @@ def sum_of_base_losses(bases: Sequence[int]):
     return loss_fn
 
 
+@dataclass(slots=True, eq=False)
+class SplitMixExtras(ClientExtras):
+    bases: list[int] | None = None  # the bases the client trained last (its own mix before it trains)
+
+
 class SplitMix(WidthScoring):
     name = "splitmix"
     display = "Split-Mix FL"
     Params = SplitMixParams
+    Extras = SplitMixExtras
     protocol = FineTuneProtocol(epochs=0)  # acc = the device's mix unless a study sets ft_epochs
     evaluates = "the mix of the client's affordable bases of the broadcast model, fine-tuned when " \
                 "ft_epochs > 0 (acc_global: before fine-tuning)"
@@ -137,7 +143,7 @@ class SplitMix(WidthScoring):
         active = torch.zeros_like(init["active"])
         active[:self.counts[k]] = 1
         client.state["active"] = active  # the device's own mix: bases 0..k_n-1
-        client.extra["bases"] = list(range(self.counts[k]))  # what it trained last (none yet: its own)
+        client.extra.bases = list(range(self.counts[k]))  # what it trained last (none yet: its own)
         return client
 
     # ---------------------------------------------------------------- training
@@ -151,7 +157,7 @@ class SplitMix(WidthScoring):
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         bases = self.bases_of_round(k, rnd)
-        client.extra["bases"] = bases
+        client.extra.bases = bases
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, self.spec(bases),
                                 loss_fn=sum_of_base_losses(bases))
         stats.metrics = {"width": self.widths[k], "bases": float(len(bases))}
@@ -159,7 +165,7 @@ class SplitMix(WidthScoring):
 
     def contribution(self, client: ClientState) -> Mask | None:
         """Nothing of the bases the client did not train this round (None when it trained all)."""
-        trained = set(client.extra["bases"])
+        trained = set(client.extra.bases)
         return self.withheld(n for i in range(self.m) if i not in trained for n in self.base_names[i])
 
     # ---------------------------------------------------------------- costs and evaluation

@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from ..client_state import ClientState
+from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from .personalize import (LOOKAHEADS, META_GRADS, MetaNets, MetaStepSettings, Policy, meta_step, policy_metrics,
                                   validation_loss)
@@ -126,10 +126,19 @@ class FedL2PParams(PersonalizeParams):
         return f"{display} ({', '.join(parts)})" if parts else display
 
 
+@dataclass(slots=True, eq=False)
+class FedL2PExtras(ClientExtras):
+    """Within a round, from a seen client's meta-update to `aggregate` (which drops them)."""
+    meta: dict[str, torch.Tensor] | None = None  # its updated λ (the meta-nets' state)
+    val_loss: torch.Tensor | None = None         # the validation loss of the λ it received
+    kept_loss: torch.Tensor | None = None        # ... of the λ its keep rule kept
+
+
 class FedL2P(Personalizing):
     name = "fedl2p"
     display = "FedL2P"
     Params = FedL2PParams
+    Extras = FedL2PExtras
     communicates = True
     broadcasts_model = False  # only λ travels
     needs_validation = True
@@ -185,9 +194,9 @@ class FedL2P(Personalizing):
                             data.x_val, data.y_val, self.settings(), seed)
             losses.append(out["val_loss"])
             seconds += out["hypergrad_seconds"]
-        client.extra["meta"] = self.lambda_state()
-        client.extra["val_loss"] = torch.tensor(losses[0], dtype=torch.float64)  # of the λ it received
-        client.extra["kept_loss"] = torch.tensor(losses[0] if kept_loss is None else kept_loss, dtype=torch.float64)
+        client.extra.meta = self.lambda_state()
+        client.extra.val_loss = torch.tensor(losses[0], dtype=torch.float64)  # of the λ it received
+        client.extra.kept_loss = torch.tensor(losses[0] if kept_loss is None else kept_loss, dtype=torch.float64)
         return LocalStats(nothing, 0, metrics | {"val_loss": losses[0], "val_loss_after": losses[-1],
                                                  "hypergrad_seconds": seconds})
 
@@ -211,20 +220,20 @@ class FedL2P(Personalizing):
 
     def aggregate(self, clients, data, rnd: int) -> Traffic:
         """FedAvg of the participants' λ (by training samples); keep the best λ (patience)."""
-        trained = [(c, d) for c, d in zip(clients, data) if "meta" in c.extra]
+        trained = [(c, d) for c, d in zip(clients, data) if c.extra.meta is not None]
         if trained:
             total = sum(d.n_train for _, d in trained)
             weights = [d.n_train / total for _, d in trained]
-            loss = sum(w * float(c.extra["val_loss"]) for w, (c, _) in zip(weights, trained))
-            kept = sum(w * float(c.extra["kept_loss"]) for w, (c, _) in zip(weights, trained))
+            loss = sum(w * float(c.extra.val_loss) for w, (c, _) in zip(weights, trained))
+            kept = sum(w * float(c.extra.kept_loss) for w, (c, _) in zip(weights, trained))
             if self.improves(loss, kept, self.best_loss):  # the λ the clients received this round is kept
                 self.best_loss, self.best_state, self.stale_rounds = loss, dict(self.meta_state), 0
             else:
                 self.stale_rounds += 1
-            self.meta_state = {n: sum(w * c.extra["meta"][n] for w, (c, _) in zip(weights, trained))
+            self.meta_state = {n: sum(w * c.extra.meta[n] for w, (c, _) in zip(weights, trained))
                                for n in self.meta_state}
             for c, _ in trained:
-                del c.extra["meta"], c.extra["val_loss"], c.extra["kept_loss"]
+                c.extra.meta = c.extra.val_loss = c.extra.kept_loss = None
         sent = [self.lambda_bytes() if any(c is t for t, _ in trained) else 0 for c in clients]
         return Traffic(up=sent, down=list(sent))
 

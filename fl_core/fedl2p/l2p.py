@@ -13,42 +13,54 @@ own kept λ. An unseen client has learned nothing: it is scored with the initial
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..client_state import ClientState
 from ..data import ClientData
 from ..algorithms.base import LocalStats
-from .algorithm import FedL2P
+from .algorithm import FedL2P, FedL2PExtras
+
+
+@dataclass(slots=True, eq=False)
+class L2PExtras(FedL2PExtras):
+    own: dict[str, torch.Tensor] | None = None   # the client's own λ, meta-learned alone
+    best: dict[str, torch.Tensor] | None = None  # the λ of its lowest validation loss so far
+    best_loss: torch.Tensor | None = None        # that loss (inf before any)
+    stale: torch.Tensor | None = None            # updates since it last improved (early stopping)
 
 
 class L2P(FedL2P):
     name = "l2p"
     display = "L2P"
+    Extras = L2PExtras
     communicates = False
 
     def init_client(self, k, init):
         client = super().init_client(k, init)
-        client.extra |= {"own": dict(self.meta_state), "best": dict(self.meta_state),
-                         "best_loss": torch.tensor(float("inf"), dtype=torch.float64), "stale": torch.tensor(0)}
+        client.extra.own, client.extra.best = dict(self.meta_state), dict(self.meta_state)
+        client.extra.best_loss, client.extra.stale = torch.tensor(float("inf"), dtype=torch.float64), torch.tensor(0)
         return client
 
     def start_lambda(self, client: ClientState) -> dict[str, torch.Tensor]:
-        return client.extra["own"]
+        return client.extra.own
 
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
-        if int(client.extra["stale"]) >= self.params.patience:
+        if int(client.extra.stale) >= self.params.patience:
             return LocalStats(torch.zeros((), device=data.x_train.device), 0)
-        started = client.extra["own"]
+        started = client.extra.own
         stats = super().local_update(k, client, data, rnd)
-        if "meta" not in client.extra:  # an unseen client: nothing learned
+        extra = client.extra
+        if extra.meta is None:  # an unseen client: nothing learned
             return stats
-        loss, kept_loss = client.extra.pop("val_loss"), client.extra.pop("kept_loss")
-        if self.improves(float(loss), float(kept_loss), float(client.extra["best_loss"])):
-            client.extra |= {"best": started, "best_loss": loss, "stale": torch.tensor(0)}
+        loss, kept_loss = extra.val_loss, extra.kept_loss
+        if self.improves(float(loss), float(kept_loss), float(extra.best_loss)):
+            extra.best, extra.best_loss, extra.stale = started, loss, torch.tensor(0)
         else:
-            client.extra["stale"] = client.extra["stale"] + 1
-        client.extra["own"] = client.extra.pop("meta")
+            extra.stale = extra.stale + 1
+        extra.own, extra.meta, extra.val_loss, extra.kept_loss = extra.meta, None, None, None
         return stats
 
     def evaluated_lambda(self, client: ClientState) -> dict[str, torch.Tensor]:
-        return client.extra["best"] if float(client.extra["best_loss"]) < float("inf") else client.extra["own"]
+        return client.extra.best if float(client.extra.best_loss) < float("inf") else client.extra.own
