@@ -1,5 +1,6 @@
-"""benchmarks/pfllib.py without PFLlib (its checkout is never downloaded in tests): bad input is
-one clear error before any work; the measurement itself runs where a checkout is at hand."""
+"""The scoring benchmarks' bad input, one clear error before any work: benchmarks/pfllib.py without
+PFLlib (its checkout is never downloaded in tests; the measurement runs where one is at hand) and
+benchmarks/scoring.py."""
 import pytest
 
 from benchmarks.pfllib import main
@@ -16,3 +17,12 @@ def test_bad_input_is_one_error_before_any_work(argv, error, tmp_path, capsys):
     assert stop.value.code != 0
     captured = capsys.readouterr()
     assert error in captured.err + str(stop.value.code)
+
+
+def test_the_scoring_benchmark_refuses_no_repeats(tmp_path, capsys):
+    """benchmarks/scoring.py (ours against the plain batched-inference loop): bad input first."""
+    from benchmarks.scoring import main as scoring
+
+    with pytest.raises(SystemExit):
+        scoring(["--data-root", str(tmp_path), "--repeats", "0"])
+    assert "--repeats 0: give at least 1" in capsys.readouterr().err
