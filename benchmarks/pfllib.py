@@ -43,7 +43,8 @@ from fl_core.simulation import Simulation
 METHODS = {"fedavg": "clientAVG", "ditto": "clientDitto", "fedrep": "clientRep"}
 SETTING = dict(dataset="fmnist", partition="dirichlet", dir_alpha=0.3, num_clients=10, samples_per_client=200,
                batch_size=10, local_epochs=1, lr=0.01, eval_models="acc", eval_every=2)
-OURS_KNOBS = {"fedavg": {}, "ditto": {"ditto_lambda": 0.01}, "fedrep": {"head_epochs": 1}}
+MU, PERSONAL_EPOCHS = 0.01, 1  # Ditto's proximal weight; Ditto's personal and FedRep's head epochs, both sides
+OURS_KNOBS = {"fedavg": {}, "ditto": {"ditto_lambda": MU}, "fedrep": {"head_epochs": PERSONAL_EPOCHS}}
 
 
 def import_reference(ref: Path) -> dict[str, type]:
@@ -77,7 +78,7 @@ class Theirs:
         args = types.SimpleNamespace(
             model=model, algorithm=method, dataset="ours", device="cpu", save_folder_name="unused", num_classes=10,
             batch_size=cfg.batch_size, local_learning_rate=cfg.lr, local_epochs=cfg.local_epochs, few_shot=0,
-            learning_rate_decay_gamma=1.0, learning_rate_decay=False, mu=0.01, plocal_epochs=1)
+            learning_rate_decay_gamma=1.0, learning_rate_decay=False, mu=MU, plocal_epochs=PERSONAL_EPOCHS)
         self.method, self.data = method, sim.data.clients
         self.clients = [ref[METHODS[method]](args, k, d.n_train, d.n_test, train_slow=False, send_slow=False)
                         for k, d in enumerate(self.data)]

@@ -26,3 +26,21 @@ def test_the_scoring_benchmark_refuses_no_repeats(tmp_path, capsys):
     with pytest.raises(SystemExit):
         scoring(["--data-root", str(tmp_path), "--repeats", "0"])
     assert "--repeats 0: give at least 1" in capsys.readouterr().err
+
+
+def test_the_plain_loop_counts_what_the_engine_counts():
+    """benchmarks/scoring.py's floor scores the same models on the same images as ours: the counts
+    agree (the benchmark refuses to print a ratio otherwise), also after a batch boundary."""
+    import copy
+
+    from benchmarks.scoring import plain_loop
+    from conftest import tiny
+    from fl_core.simulation import Simulation
+
+    sim = Simulation(tiny(algorithm="fedavg", rounds=1))
+    sim.run_round()
+    state, clients = sim.algorithm.global_state, sim.data.clients
+    ours = sum(sim.trainer.evaluate(state, d.x_test, d.y_test) for d in clients)
+    model = copy.deepcopy(sim.trainer.model)
+    assert plain_loop(model, state, clients) == ours == plain_loop(model, state, clients, batch=3)
+    assert 0 < ours <= sum(d.n_test for d in clients)
