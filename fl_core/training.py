@@ -36,8 +36,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 State = dict[str, Tensor]
-# What one pass may change: name -> None (the whole tensor) or a float 0/1 tensor (those entries).
-# Parameters not named are frozen for the pass.
+# What one pass may change: name -> None (the whole tensor) or a bool tensor (those entries; a
+# float 0/1 tensor works the same). The gradient is multiplied by it: bool gives the same bits as
+# its 0/1 float, with a quarter of the bytes. Parameters not named are frozen for the pass.
 UpdateSpec = Mapping[str, Tensor | None]
 # A training loss other than cross-entropy: (model, x, y) -> scalar loss (e.g. FedPAC's alignment).
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
