@@ -18,7 +18,8 @@ returns freed heap tops to the OS, so each of them is page-faulted in again (mea
 model-sized clone cost 4x the CPU time of a copy into reused memory). `tune_malloc`, called once
 when a `LocalTrainer` is built, makes glibc keep and reuse that memory instead. The peak resident
 size stays about the same (10 ResNet-18 clients, 5 rounds: 2.51 GB against 2.48 GB untuned;
-either way glibc's heap holds ~0.8 GB of free fragments). FL_CORE_MALLOC_TUNING=0 opts out.
+either way glibc's heap holds ~0.8 GB of free fragments). FL_CORE_MALLOC_TUNING=0 opts out. A
+sweep's trial workers preload an allocator that reuses those fragments (sweeps/allocator.py).
 """
 from __future__ import annotations
 
