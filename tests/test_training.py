@@ -83,7 +83,7 @@ def test_pass_equals_the_plain_loop_and_leaves_its_input_untouched(momentum, wei
 
 
 def test_a_bool_mask_trains_the_same_bits_as_its_float_mask():
-    """Methods hand the trainer their bool masks (a quarter of the bytes of 0/1 floats)."""
+    """Methods hand the trainer their bool masks; it multiplies by their 0/1 floats, made per pass."""
     trainer, state, x, y = setup(momentum=0.5, weight_decay=1e-3)
     floats = masks_for(state, ["conv.weight", "head.weight"])
     bools = {n: m.bool() for n, m in floats.items()}
