@@ -1,4 +1,5 @@
-"""Benchmark inputs that need no download, and a byte count of what a client holds.
+"""Benchmark inputs that need no download, a byte count of what a client holds, and the report
+files the docs include.
 
 `random_federated` builds `FederatedData` directly from random tensors of any image shape (e.g.
 CIFAR's 3x32x32, which no offline source provides); each client sees 2 of the classes, every
@@ -6,12 +7,14 @@ class a fixed random prototype plus noise, so training moves weights as on real 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from fl_core import kernels
 from fl_core.data import ClientData, FederatedData
 
 
@@ -63,3 +66,17 @@ def client_bytes(client, model: nn.Module, selectable: list[str]) -> tuple[int, 
     numels = dict((n, p.numel()) for n, p in model.named_parameters())
     packed = sum((numels[n] + 7) // 8 for n in selectable)
     return sum(seen.values()), model_bytes, packed
+
+
+def machine_caption() -> str:
+    """Where a benchmark ran: the CPU's instruction sets, the kernels in effect, torch's threads."""
+    return (f"CPU: {kernels.machine_isa()}; kernels: {kernels.describe()}; "
+            f"{torch.get_num_threads()} torch thread(s)")
+
+
+def write_report(out: Path | None, lines: list[str], caption: str) -> None:
+    """A benchmark's printed Markdown table and its caption, also written to `out` (a file the
+    docs include, so that their numbers are this run's) when given."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n\n" + caption + "\n")

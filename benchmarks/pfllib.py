@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.fixtures import machine_caption, write_report
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
 
@@ -151,20 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--rounds", type=int, default=12, help="rounds per side (even: half of them evaluated)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table (Markdown) to this file")
     args = parser.parse_args(argv)
     if args.rounds < 4 or args.rounds % 2:
         parser.error(f"--rounds {args.rounds}: give an even number, at least 4 (odd rounds train, even ones score)")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Implicit dimension choice for softmax")  # their Ditto scoring
     ref = import_reference(args.ref)
-    print(f"| model | method | PFLlib / ours, training | PFLlib / ours, evaluated round | mean accuracy after "
-          f"{args.rounds} rounds, ours / theirs |")
-    print("|---|---|---|---|---|")
+    lines = [f"| model | method | PFLlib / ours, training | PFLlib / ours, evaluated round | mean accuracy after "
+             f"{args.rounds} rounds, ours / theirs |", "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for model in args.models:
         for method in args.methods:
             ratios = measure(method, model, args, ref)
-            print(f"| {model} | {method} | {ratios['train']:.2f} (target >= 1.0) | "
-                  f"{ratios['evaluated']:.2f} (target >= 2.0) | {ratios['accuracy']} |", flush=True)
+            lines.append(f"| {model} | {method} | {ratios['train']:.2f} (target >= 1.0) | "
+                         f"{ratios['evaluated']:.2f} (target >= 2.0) | {ratios['accuracy']} |")
+            print(lines[-1], flush=True)
+    caption = (f"Medians over {args.rounds} rounds per side of the per-round time ratio, the sides taking turns "
+               f"every round, training rounds and evaluated rounds apart; PFLlib's clients from {args.ref}; "
+               f"{machine_caption()}.")
+    print(caption)
+    write_report(args.out, lines, caption)
     return 0
 
 

@@ -9,7 +9,9 @@ updates, GradSelect, masked averaging, broadcast. Target: ratio <= 1.15.
 `--all` prints every target of issue 8 item 5 in one run (a few minutes on 2 cores):
   1. round time / pure-compute limit for ResNet-18 (ImageNet stem) and cnn2 on CIFAR-shaped
      random data (3x32x32; no download needed)                                   target <= 1.15
-  2. peak RSS of 10 ResNet-18 clients (fresh subprocess per measurement, getrusage) target <= 1.5 GB
+  2. peak RSS of 10 ResNet-18 clients (fresh subprocess per measurement, getrusage) under the
+     allocator a sweep's trial workers run with (sweeps/allocator.py), and under glibc's malloc,
+     tuned and untuned                                                           target <= 1.5 GB
   3. bytes a FedSelect client holds between rounds / (model bytes + bit-packed masks) <= 1.2
   4. seconds per client per round for 10/100/1000 LeNet clients on digits-sized data; the
      1000-vs-100 ratio                                                            target <= 1.10
@@ -42,6 +44,7 @@ from fl_core.config import RunConfig
 from fl_core.data import FederatedData
 from fl_core.models import build_model
 from fl_core.simulation import Simulation
+from sweeps.allocator import allocator_env
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -153,12 +156,14 @@ def report_all(args: argparse.Namespace) -> None:
     print(f"[all] {args.threads} thread(s); the machine may be shared with other processes, so times are noisy")
     # First, while this process is small: Linux carries a parent's RSS at fork into the child's
     # getrusage peak, so a child started later would report at least this process's size.
-    rss = {"ours": peak_rss("ours", "resnet18", 10, args.threads),
+    workers, preload = allocator_env()
+    rss = {f"ours, as a sweep's trial ({workers})": peak_rss("ours", "resnet18", 10, args.threads, preload),
+           "ours, glibc malloc tuned": peak_rss("ours", "resnet18", 10, args.threads, {}),
            "ours, glibc malloc untuned": peak_rss("ours", "resnet18", 10, args.threads, {"FL_CORE_MALLOC_TUNING": "0"}),
-           "pure compute": peak_rss("pure", "resnet18", 10, args.threads)}
+           "pure compute": peak_rss("pure", "resnet18", 10, args.threads, preload)}
     for what, r in rss.items():
-        print(f"[2] peak RSS, 10 ResNet-18 clients, two rounds, {what:27s}: {r['getrusage'] / 1e9:5.2f} GB "
-              f"(VmHWM {r['vmhwm'] / 1e9:5.2f} GB)  (target for ours <= 1.5 GB)")
+        print(f"[2] peak RSS, 10 ResNet-18 clients, two rounds, {what:36s}: {r['getrusage'] / 1e9:5.2f} GB "
+              f"(VmHWM {r['vmhwm'] / 1e9:5.2f} GB)  (target for a trial <= 1.5 GB)")
     for model, repeats in (("resnet18", args.resnet_repeats), ("cnn2", args.repeats)):
         sim, t = overhead(model, 10, args.threads, "random-cifar", repeats)
         print(f"[1] {model:8s} 10 clients x 100 CIFAR-shaped samples, 1 epoch, batch 32, median of {repeats}: "

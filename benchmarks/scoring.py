@@ -18,9 +18,11 @@ import copy
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from benchmarks.fixtures import machine_caption, write_report
 from fl_core.config import RunConfig
 from fl_core.simulation import Simulation
 
@@ -65,15 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", required=True, help="folder with torchvision's FashionMNIST/raw")
     parser.add_argument("--models", nargs="+", default=["lenet", "cnn2"])
     parser.add_argument("--repeats", type=int, default=7, help="turns of each side (median)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table (Markdown) to this file")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give at least 1")
     torch.set_num_threads(1)
-    print("| model | test images | plain loop (µs / image) | ours (µs / image) | plain / ours (target >= 1) |")
-    print("|---|---|---|---|---|")
+    lines = ["| model | test images | plain loop (µs / image) | ours (µs / image) | plain / ours (target >= 1) |",
+             "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for name in args.models:
         r = measure(name, args)
-        print(f"| {name} | {r['images']} | {r['floor_us']:.1f} | {r['ours_us']:.1f} | {r['ratio']:.2f} |", flush=True)
+        lines.append(f"| {name} | {r['images']} | {r['floor_us']:.1f} | {r['ours_us']:.1f} | {r['ratio']:.2f} |")
+        print(lines[-1], flush=True)
+    caption = (f"Scoring every client's test images once per turn, median of {args.repeats} turns per side, the "
+               f"sides taking turns; {machine_caption()}.")
+    print(caption)
+    write_report(args.out, lines, caption)
     return 0
 
 

@@ -21,6 +21,7 @@ from fl_core import kernels
 from fl_core.data import load_data
 
 from . import damage, parquet_sink, resources
+from .allocator import allocator_env
 from .errors import SweepError
 from .folder import save_args
 from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, signal_name
@@ -67,6 +68,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     if plan.args.resume:  # damaged files are set aside and their trials run again (sweeps/damage.py)
         damage.set_aside(plan.folder, say=lambda line: print(line, flush=True))
     print(f"[sweep] kernels: {kernel_line(plan.args.reproducible)}", flush=True)
+    allocator, preload = allocator_env()  # a bad FL_CORE_ALLOCATOR fails here, before any data is read
     # Data once per distinct data spec, on the driver (a missing file fails here, before Ray starts).
     datasets: dict[str, Any] = {}
     for config in data_configs(plan.spec, list(plan.stages)):
@@ -88,12 +90,12 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
                 loopback_only()
             with guard.hold():  # a half-started Ray would outlive the driver
                 ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
-                         logging_level="WARNING", log_to_driver=True, runtime_env=worker_env(plan.args))
+                         logging_level="WARNING", log_to_driver=True, runtime_env=worker_env(plan.args, preload))
                 guard.reinstall()
         request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
-              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU",
-              flush=True)
+              f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU; "
+              f"workers' allocator: {allocator if started_ray else 'as the running Ray started them'}", flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
         pause_for_tests("start")
         save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
@@ -117,13 +119,14 @@ def kernel_line(reproducible: bool) -> str:
     return f"{line} (reproducible mode unavailable: {reason})" if reason else f"{line} (reproducible mode)"
 
 
-def worker_env(args) -> dict | None:
-    """Ray's runtime environment for a cluster this driver joins (`--address`): its workers were not
-    started from this process, so the pins travel as environment variables of the job (the GPU's
-    even where the CPU's cannot be pinned)."""
-    if args.address is None or not args.reproducible:
-        return None
-    return {"env_vars": dict(kernels.CUDA_PINS) | ({} if kernels.unavailable() else dict(kernels.PINS))}
+def worker_env(args, preload: dict[str, str]) -> dict | None:
+    """Ray's runtime environment for the trials' workers: the allocator's variables (`preload`,
+    sweeps/allocator.py) and, for a cluster this driver joins (`--address`), whose workers were not
+    started from this process, the kernel pins (the GPU's even where the CPU's cannot be pinned)."""
+    env = dict(preload)
+    if args.address is not None and args.reproducible:
+        env |= dict(kernels.CUDA_PINS) | ({} if kernels.unavailable() else dict(kernels.PINS))
+    return {"env_vars": env} if env else None
 
 
 def loopback_only() -> None:

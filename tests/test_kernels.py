@@ -134,9 +134,13 @@ def test_a_cluster_job_carries_the_pins_to_workers_it_did_not_start(monkeypatch)
 
     from sweeps.launch import worker_env
 
-    assert worker_env(Namespace(address=None, reproducible=True)) is None         # workers inherit the driver's
-    assert worker_env(Namespace(address="auto", reproducible=False)) is None
+    cluster, local = Namespace(address="auto", reproducible=True), Namespace(address=None, reproducible=True)
+    assert worker_env(local, {}) is None     # workers inherit the driver's
+    assert worker_env(Namespace(address="auto", reproducible=False), {}) is None
     monkeypatch.setattr(kernels, "unavailable", lambda: None)
-    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS | kernels.PINS}
+    assert worker_env(cluster, {}) == {"env_vars": kernels.CUDA_PINS | kernels.PINS}
     monkeypatch.setattr(kernels, "unavailable", lambda: "the CPU is aarch64")
-    assert worker_env(Namespace(address="auto", reproducible=True)) == {"env_vars": kernels.CUDA_PINS}
+    assert worker_env(cluster, {}) == {"env_vars": kernels.CUDA_PINS}
+    preload = {"LD_PRELOAD": "/lib/x.so"}  # the allocator travels to local and joined clusters alike
+    assert worker_env(local, preload) == {"env_vars": preload}
+    assert worker_env(cluster, preload) == {"env_vars": preload | kernels.CUDA_PINS}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fl_core import client_state, masks
-from fl_core.masks import (PackedMask, as_float, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
+from fl_core.masks import (Inverted, PackedMask, grow_count, mask_iou, masked_average, pack_bits, personal_fraction,
                             select_largest, select_largest_reference, unpack_bits, zero_where)
 
 
@@ -233,15 +233,23 @@ def test_a_method_keeps_its_client_state_in_declared_fields_only():
         ClientState.from_dict({"state": {}, "mask": None, "extra": {"scaffold_c": {}}}, FedSelectExtras)
 
 
-def test_as_float_and_zero_where_are_their_torch_definitions_bit_for_bit():
+def test_zero_where_is_its_torch_definition_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     values = torch.randn(70000, generator=g)
     # NaN, infs, zeros, a subnormal
     values[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1e-40])
     mask = torch.rand(70000, generator=g) < 0.4
-    assert torch.equal(as_float(mask), mask.to(torch.float32)) and as_float(mask, torch.float64).dtype == torch.float64
     zeroed, reference = zero_where(values, mask), values.masked_fill(mask, 0.0)
     assert torch.equal(zeroed.view(torch.int32), reference.view(torch.int32))  # the bits, signs of zero included
     assert values[0].isnan()  # the input is left as it was
     half = values.to(torch.float16)  # other dtypes take masked_fill itself
     assert torch.equal(zero_where(half, mask).view(torch.int16), half.masked_fill(mask, 0.0).view(torch.int16))
+
+
+def test_inverted_reads_each_inverse_when_asked_from_a_packed_mask():
+    mask = PackedMask({"a": torch.tensor([True, False, True]), "b": torch.zeros(2, 2, dtype=torch.bool)})
+    sent = Inverted(mask)
+    assert list(sent) == ["a", "b"] and len(sent) == 2 and "a" in sent and sent.get("c") is None
+    assert torch.equal(sent["a"], torch.tensor([False, True, False])) and bool(sent["b"].all())
+    mask["a"] = torch.tensor([False, False, True])  # read anew: it follows the mask
+    assert torch.equal(sent["a"], torch.tensor([True, True, False]))

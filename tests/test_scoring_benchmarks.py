@@ -44,3 +44,16 @@ def test_the_plain_loop_counts_what_the_engine_counts():
     model = copy.deepcopy(sim.trainer.model)
     assert plain_loop(model, state, clients) == ours == plain_loop(model, state, clients, batch=3)
     assert 0 < ours <= sum(d.n_test for d in clients)
+
+
+def test_a_report_file_holds_the_printed_table_and_where_it_ran(tmp_path):
+    """The docs include these files: the table as printed, then a caption naming the machine."""
+    from benchmarks.fixtures import machine_caption, write_report
+
+    caption = f"One turn; {machine_caption()}."
+    write_report(tmp_path / "deep" / "report.md", ["| a |", "|---|", "| 1.00 |"], caption)
+    text = (tmp_path / "deep" / "report.md").read_text()
+    assert text.startswith("| a |\n|---|\n| 1.00 |\n\nOne turn; CPU: ") and "kernels: aten=" in text
+    assert "torch thread(s)." in text
+    write_report(None, ["| a |"], caption)  # printing only: nothing written
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["report.md"]

@@ -82,6 +82,18 @@ def test_pass_equals_the_plain_loop_and_leaves_its_input_untouched(momentum, wei
     assert not model_ptrs & {t.untyped_storage().data_ptr() for t in new.values()}
 
 
+def test_a_bool_mask_trains_the_same_bits_as_its_float_mask():
+    """Methods hand the trainer their bool masks; it multiplies by their 0/1 floats, made per pass."""
+    trainer, state, x, y = setup(momentum=0.5, weight_decay=1e-3)
+    floats = masks_for(state, ["conv.weight", "head.weight"])
+    bools = {n: m.bool() for n, m in floats.items()}
+    from_float, _, _ = trainer.train_pass(state, x, y, floats, seed=5)
+    from_bool, _, _ = trainer.train_pass(state, x, y, bools, seed=5)
+    assert all(torch.equal(from_float[k].view(torch.int32), from_bool[k].view(torch.int32))
+               for k in from_float if from_float[k].is_floating_point())
+    assert not torch.equal(from_bool["conv.weight"], state["conv.weight"])  # the pass did train
+
+
 def test_per_call_learning_rate_overrides_the_settings():
     trainer, state, x, y = setup(lr=0.1)
     full = {n: None for n in trainer.params}

@@ -42,7 +42,7 @@ Where a hook or helper takes a client, the arguments are always (k, client, data
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -56,7 +56,7 @@ from ..client_state import ClientExtras, ClientState
 from ..config import RunConfig
 from ..data import ClientData
 from ..knobs import MethodParams, NoParams
-from ..masks import Mask, count_nonzero, masked_average
+from ..masks import Inverted, Mask, count_nonzero, masked_average
 from ..models import is_head
 from ..training import LocalTrainer, State, UpdateSpec, derive_seed
 
@@ -226,10 +226,11 @@ class Algorithm:
         """Parameters that are averaged (all by default; body-only or head-only methods narrow it)."""
         return self.param_names
 
-    def contribution(self, client: ClientState) -> Mask | None:
+    def contribution(self, client: ClientState) -> Mapping[str, Tensor] | None:
         """Bool masks of the entries this client sends (None: all of them). A client's mask marks
-        the entries that never leave it (FedSelect: personal; LotteryFL: pruned)."""
-        return None if client.mask is None else {n: ~m for n, m in client.mask.items()}
+        the entries that never leave it (FedSelect: personal; LotteryFL: pruned), each inverse made
+        when the server reads it."""
+        return None if client.mask is None else Inverted(client.mask)
 
     def withheld(self, names: Iterable[str]) -> Mask | None:
         """A contribution that sends nothing of the tensors `names` (whole tensors the client did not
@@ -267,7 +268,8 @@ class Algorithm:
         entry, k keeps its own value. k receives each neighbour's sent entries; each client
         sends its entries once per client that pulls from it."""
         snapshot = [c.state for c in clients]
-        contribs = [self.contribution(c) for c in clients]
+        # made once each: every neighbourhood that holds a client reads its contribution again
+        contribs = [None if c is None else dict(c.items()) for c in map(self.contribution, clients)]
         sent = [self.sent_bytes(c) for c in clients]
         up, down = [0] * len(clients), [0] * len(clients)
         mixed = {}

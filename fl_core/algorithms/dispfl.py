@@ -49,7 +49,7 @@ from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..flops import layer_flops, sparse_flops
 from ..knobs import knob
-from ..masks import as_float, count_nonzero, personal_fraction, zero_where
+from ..masks import count_nonzero, personal_fraction, zero_where
 from ..sparse import (DISTRIBUTIONS, anneal_rate, hamming, layer_densities, prune_count, prune_smallest, random_masks,
                       regrow)
 from ..topology import TopologyParams
@@ -118,7 +118,7 @@ class DisPFL(DPSGD):
     # ---------------------------------------------------------------- client side
     def local_update(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         old = {n: client.mask[n] for n in self.param_names}  # unpacked once
-        update = {n: as_float(~old[n], client.state[n].dtype) for n in self.param_names}
+        update = {n: ~old[n] for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update,
                                 corrections=clipped(self.params.max_grad_norm))
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)

@@ -54,7 +54,7 @@ import torch
 from ..client_state import ClientExtras, ClientState, PackedMask
 from ..data import ClientData
 from ..knobs import ConfigError, MethodParams, Space, knob
-from ..masks import as_float, grow_count, personal_fraction, select_largest
+from ..masks import grow_count, personal_fraction, select_largest
 from ..models import block_of
 from ..training import State, derive_seed
 from .base import Algorithm, LocalStats, Scored
@@ -155,8 +155,8 @@ class FedSelect(Algorithm):
 
     def local_alt(self, k: int, client: ClientState, data: ClientData, rnd: int) -> LocalStats:
         mask = client.mask
-        personal_pass = {n: as_float(m) for n, m in mask.items()}
-        global_pass = {n: as_float(~mask[n]) if n in mask else None for n in self.param_names}
+        personal_pass = dict(mask.items())
+        global_pass = {n: ~mask[n] if n in mask else None for n in self.param_names}
         has_personal = any(bool(m.any()) for m in mask.values())
         stats = LocalStats(torch.zeros((), device=data.x_train.device), 0)
         own = {}  # after the first pass the state is this update's own copy: later passes train it in place

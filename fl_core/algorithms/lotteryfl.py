@@ -58,7 +58,7 @@ import torch
 from ..client_state import ClientExtras, ClientState
 from ..data import ClientData
 from ..knobs import MethodParams, knob
-from ..masks import as_float, personal_fraction, zero_where
+from ..masks import personal_fraction, zero_where
 from ..sparse import prune_smallest
 from ..training import State
 from .base import Algorithm, ClientInfo, LocalStats, Scored
@@ -160,7 +160,7 @@ class LotteryFL(Algorithm):
             counts = self.prune_counts(client)
             if any(counts.values()):
                 self.prune_and_reset(client, counts)
-        update = {n: as_float(~client.mask[n]) if n in client.mask else None
+        update = {n: ~client.mask[n] if n in client.mask else None
                   for n in self.param_names}
         stats = self.run_epochs(k, client, data, rnd, self.config.local_epochs, update)
         stats.metrics = {"lottery_sparsity": client.extra.sparsity, "lottery_val_acc": acc}
