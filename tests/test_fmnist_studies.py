@@ -124,7 +124,7 @@ PERFEDMASK_METHODS = ["PerFedMask", "FedBABU (weak ×0.5)", "FedProx (weak ×0.5
 
 
 @pytest.mark.parametrize("preset, c, rounds, milestones",
-                         [("fmnist", 0.1, 100, "50,75"), ("fmnist_c1", 1.0, 25, "13,19")])
+                         [("fmnist", 0.1, 100, "50,75"), ("fmnist_c1", 1.0, 20, "10,15")])
 def test_perfedmask_fmnist_presets_run_the_authors_protocol_tuned_alike(preset, c, rounds, milestones, tmp_path):
     """100 devices, 10 a round at c = 0.1 (every one at c = 1), the devices' limits for every full-model
     baseline, the lr times 0.1 at 50 % and 75 % of the rounds, one momentum buffer per round, the round
@@ -133,7 +133,7 @@ def test_perfedmask_fmnist_presets_run_the_authors_protocol_tuned_alike(preset, 
     assert plan.folder.name.startswith("perfedmask_fmnist")
     assert [s.group.split(" / ")[1] for s in plan.stages] == PERFEDMASK_METHODS
     assert plan.spec.report_round == "best_val_global" and plan.spec.margin == 0.01
-    assert plan.spec.num_samples == 6 and plan.spec.scheduler == "asha" and plan.spec.seeds == tuple(SEEDS)
+    assert plan.spec.num_samples == 4 and plan.spec.scheduler == "asha" and plan.spec.seeds == tuple(SEEDS)
     bases = {s.group.split(" / ")[1]: s.configs[0][1] for s in plan.stages}
     assert {(b.num_clients, b.participation, b.rounds, b.lr_milestones, b.local_epochs) for b in bases.values()} == {
         (100, c, rounds, milestones, 4)}
