@@ -48,6 +48,10 @@ superiority claims) the equivalence tests. Verdicts, with alpha = 0.05 on Holm-a
                     validation data); the test column says which
 
 less_mb claims read "holds" or "opposite" (A carries as much or more) without a test.
+
+The margin m is 1 pp (`MARGIN`) unless the study file declares its own (`margin`, before the study
+runs: sweeps/spec.py); the claims tested on that study's sweeps then use it, and say so in their
+type column.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ import argparse
 import math
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -95,6 +99,8 @@ class Claim:
     margin: float = MARGIN       # m, accuracy as a fraction (superiority: for the "equivalent" verdict)
     tied: tuple[str, ...] = ()   # best: the methods the paper calls comparable to A (not opponents)
     source: str = ""             # where the claim is made: the paper (venue) and its table
+    setting: str = ""            # only the data settings whose label contains this ("": every one)
+    measure: str = MEASURE       # the trials' column compared (FedL2P's unseen pool: acc_unseen_mean)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -112,6 +118,7 @@ FEDSELECT_T1 = "FedSelect (CVPR 2024), Table 1"
 # neither states them nor compares with D-PSGD.
 DISPFL = "DisPFL (Dai et al., ICML 2022), not in our copy (a reproduction report)"
 PERFEDMASK = "PerFedMask (ICLR 2023 poster), its table of accuracy after fine-tuning"
+PERFEDMASK_STUDIES = ("perfedmask_fmnist", "perfedmask_fmnist_c1")   # c = 0.1 and c = 1
 
 # What each study changes from the paper it tests, in one phrase (the page's last column); the
 # scale (dataset, model, clients) is read from the sweep's trials.
@@ -122,9 +129,22 @@ DIFFERS = {
     "feature_shift_fmnist": "Fashion-MNIST under 4 synthetic corruptions and LeNet-BN for CIFAR10-C / OfficeHome and "
                             "ResNet-18; 60 rounds",
     "dispfl_fmnist": "Fashion-MNIST and a small CNN for CIFAR and ResNet-18; 20 clients, not 100; far fewer rounds",
-    "perfedmask_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 20 devices, 50 rounds",
-    "fedl2p_fmnist": "Fashion-MNIST (and its corruptions) and LeNet-BN for CIFAR-10 and ResNet-18; 12 clients",
+    "perfedmask_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 100 rounds",
+    "perfedmask_fmnist_c1": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 25 rounds",
+    "fedl2p_fmnist": "Fashion-MNIST (and its corruptions) and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, "
+                     "40 meta rounds, not 500",
+    "fedl2p_table1": "Fashion-MNIST and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, 40 meta rounds, not 500; "
+                     "alphas 1000 and 0.1 of four",
 }
+FEDL2P_NAMES = {"FedL2P (IFT)": "FedL2P (IFT, the paper's meta-gradient)", "FedL2P": "FedL2P (FOMAML+)"}
+# FedL2P's rows: (its table, the clients, its number (what differs from ours), our setting, the measure)
+FEDL2P_TABLES = (
+    ("Table 2", ", under label skew", "CIFAR-10, Dir(0.1), e = 5: 80.33 vs 68.04", "(clean)", MEASURE),
+    ("Table 3", ", under feature shift", "CIFAR-10-C, Dir(0.1), e = 15: 89.23 vs 87.25 (ours: e = 5, 4 corruptions)",
+     "fmnist_c, ", MEASURE),
+    ("Table 4", " on clients unseen in meta-training", "Speech Commands, unseen pool, e = 5: 87.85 vs 62.76", "",
+     "acc_unseen_mean"),
+)
 CLAIMS = (
     # FedSelect [S4]: "FedSelect outperforms recent state-of-the-art PFL algorithms under challenging
     # client data heterogeneity settings"; m = 1 pp (MARGIN) only decides "equivalent"
@@ -158,18 +178,30 @@ CLAIMS = (
     # baselines in terms of test accuracy after fine-tuning" (every method's accuracy is after
     # fine-tuning); "comparable" at m = 1 pp holds the poster's own gaps (0.23, 0.67 pp)
     Claim("PerFedMask", "PerFedMask outperforms FedAvg+FT in test accuracy after fine-tuning",
-          "CIFAR-10: 88.43 vs 84.99 (c = 1), 83.60 vs 71.19 (c = 0.1)", ("perfedmask_fmnist",), SUPERIORITY,
+          "CIFAR-10: 88.43 vs 84.99 (c = 1), 83.60 vs 71.19 (c = 0.1)", PERFEDMASK_STUDIES, SUPERIORITY,
           "PerFedMask", "FedAvg+FT", source=PERFEDMASK),
     Claim("PerFedMask", "PerFedMask has comparable performance to FedBABU after fine-tuning",
-          "CIFAR-10: 88.43 vs 88.20 (c = 1), 83.60 vs 84.27 (c = 0.1)", ("perfedmask_fmnist",), EQUIVALENCE,
+          "CIFAR-10: 88.43 vs 88.20 (c = 1), 83.60 vs 84.27 (c = 0.1)", PERFEDMASK_STUDIES, EQUIVALENCE,
           "PerFedMask", "FedBABU", source=PERFEDMASK),
     Claim("PerFedMask", "PerFedMask outperforms the other baselines in terms of test accuracy after fine-tuning",
           "CIFAR-10: 88.43, next HeteroFL 87.33 (c = 1); 83.60, next Split-Mix 77.76 (c = 0.1)",
-          ("perfedmask_fmnist",), BEST, "PerFedMask", tied=("FedBABU",), source=PERFEDMASK),
-    # FedL2P [S1]: "applying FedL2P ... in most cases outperforming FT"; seen clients (acc_mean)
-    Claim("FedL2P", "FedL2P outperforms FT (BN C), the most commonly used fine-tuning",
-          "CIFAR-10, Dir(0.1), e = 5: 80.33 vs 68.04", ("fedl2p_fmnist",), SUPERIORITY, "FedL2P",
-          "FT (BN C)", source="FedL2P (NeurIPS 2023), Table 2"),
+          PERFEDMASK_STUDIES, BEST, "PerFedMask", tied=("FedBABU",), source=PERFEDMASK),
+    # FedL2P [S1]: "applying FedL2P ... in most cases outperforming FT" against "the most commonly used
+    # FT approach, BN C", which the paper's numbers run in the authors' mode (FT (BN C, authors')).
+    # Each row is tested for the paper's meta-gradient (FedL2P (IFT)) and for FOMAML+ (FedL2P)
+    *(Claim("FedL2P", f"{FEDL2P_NAMES[method]} outperforms FT (BN C), the most commonly used fine-tuning{where}",
+            number, ("fedl2p_fmnist",), SUPERIORITY, method, "FT (BN C, authors')",
+            source=f"FedL2P (NeurIPS 2023), {table}", setting=setting, measure=measure)
+      for table, where, number, setting, measure in FEDL2P_TABLES for method in ("FedL2P (IFT)", "FedL2P")),
+    # Table 1: one sweep per pretraining (its name says which), Dir(1000) and Dir(0.1)
+    Claim("FedL2P", "FedL2P complements the pretraining method: FedL2P (IFT) outperforms FT (BN C) after FedAvg, "
+          "FedBABU and Per-FedAvg (HF) pretraining", "CIFAR-10, e = 15, Dir(1000) / Dir(0.1): FedAvg 65.13 vs 63.04 / "
+          "80.28 vs 79.15; FedBABU 66.49 vs 65.00 / 79.58 vs 79.50; Per-FedAvg (HF) 47.58 vs 34.58 / 77.68 vs 77.31 "
+          "(ours: e = 5)", ("fedl2p_table1",), SUPERIORITY, "FedL2P (IFT)", "FT (BN C, authors')",
+          source="FedL2P (NeurIPS 2023), Table 1"),
+    Claim("FedL2P", "FedL2P (IFT) outperforms FT (BN C) with each client's statistics of its whole training split, "
+          "fixed (ours: stronger than the authors')", "not in the paper (its FT (BN C) is the authors' mode)",
+          ("fedl2p_fmnist",), SUPERIORITY, "FedL2P (IFT)", "FT (BN C)", source="FedL2P (NeurIPS 2023), Tables 2-3"),
 )
 
 
@@ -186,6 +218,13 @@ def study_file(sweep: Path) -> dict:
 
 def study_name(sweep: Path) -> str:
     return str(study_file(sweep).get("name", ""))
+
+
+def study_margin(sweep: Path) -> float | None:
+    """The margin the sweep's study file declared for its claims (`margin`, checked by the sweep
+    when it read the file), if any."""
+    margin = study_file(sweep).get("margin")
+    return float(margin) if margin is not None else None
 
 
 def fair_protocol(trials: pd.DataFrame) -> bool:
@@ -228,11 +267,13 @@ def scale(chosen: pd.DataFrame, setting: str) -> str:
     return ", ".join(parts)
 
 
-def per_seed(chosen: pd.DataFrame, setting: str, method: str) -> pd.Series:
+def per_seed(chosen: pd.DataFrame, setting: str, method: str, measure: str = MEASURE) -> pd.Series:
     """One method's reported accuracy per seed in one setting (indexed by seed); a diverged run
     (`diverged`) is a result of its own, not a number: left out (`diverged_note` says so)."""
     mine = chosen[(chosen["setting"] == setting) & (chosen["method"] == method)]
-    return mine[~diverged(mine)].groupby("seed")[MEASURE].mean()
+    if measure not in mine:
+        return pd.Series(dtype=float)
+    return mine[~diverged(mine)].groupby("seed")[measure].mean().dropna()
 
 
 def diverged_note(chosen: pd.DataFrame, setting: str, methods) -> str:
@@ -337,15 +378,15 @@ def setting_row(claim: Claim, chosen: pd.DataFrame, setting: str, mb: pd.Series 
     """One claim in one data setting of a sweep run under the fair protocol."""
     if claim.kind == LESS_MB:
         return traffic_row(claim, mb, setting)
-    a = per_seed(chosen, setting, claim.method)
+    a = per_seed(chosen, setting, claim.method, claim.measure)
     if claim.kind != BEST:
-        row = pair_row(claim, a, per_seed(chosen, setting, claim.reference))
+        row = pair_row(claim, a, per_seed(chosen, setting, claim.reference, claim.measure))
         return with_divergence(row, chosen, setting, (claim.method, claim.reference))
     if a.empty:
         return untested(f"no {claim.method} trials in this setting")
     here = chosen[chosen["setting"] == setting]
     rivals = [m for m in methods_order(here) if m != claim.method and m not in claim.tied]
-    row = best_row(claim, a, {m: per_seed(chosen, setting, m) for m in rivals})
+    row = best_row(claim, a, {m: per_seed(chosen, setting, m, claim.measure) for m in rivals})
     return with_divergence(row, chosen, setting, (claim.method, *rivals))
 
 
@@ -364,7 +405,7 @@ def sweep_rows(claim: Claim, sweep: Path, data: dict) -> list[dict]:
     mine = chosen[chosen["method"].isin([claim.method, claim.reference])]
     mb = busiest_mb(sweep, chosen) if claim.kind == LESS_MB and len(mine) else None
     rows = [{"setting": s, "scale": scale(chosen, s)} | setting_row(claim, chosen, s, mb)
-            for s in settings_order(mine)] if len(mine) else []
+            for s in settings_order(mine) if claim.setting in s] if len(mine) else []
     names = " or ".join(m for m in (claim.method, claim.reference) if m)
     return rows or [{"setting": ""} | untested(f"no {names} trials in this sweep")]
 
@@ -409,9 +450,10 @@ def check_claims(paths=(), claims=CLAIMS) -> pd.DataFrame:
                         | untested(f"no sweep of study {' or '.join(claim.studies)} at hand", NOT_RUN))
         for sweep in found:
             data = loaded.setdefault(sweep, sweep_data(sweep))
-            rows += [base | {"study": sweep.name, "selection": data["selection"],
-                             "differs": DIFFERS.get(study_name(sweep), "")} | row
-                     for row in sweep_rows(claim, sweep, data)]
+            mine = claim if (m := study_margin(sweep)) is None else replace(claim, margin=m)  # declared by the study
+            rows += [base | {"study": sweep.name, "selection": data["selection"], "margin": mine.margin,
+                             "type": kind_text(mine), "differs": DIFFERS.get(study_name(sweep), "")} | row
+                     for row in sweep_rows(mine, sweep, data)]
     return decide(pd.DataFrame(rows).reindex(columns=list(COLUMNS)))
 
 

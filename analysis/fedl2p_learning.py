@@ -45,7 +45,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.load import DamagedFile, load_clients, load_rounds
+from analysis.common import chosen_trials, final_rows
+from analysis.load import DamagedFile, load_clients, load_rounds, load_trials
 
 META = ("fedl2p", "l2p")
 BETA, ETA = "beta:", "eta:"
@@ -255,12 +256,23 @@ def report(rounds: pd.DataFrame, clients: pd.DataFrame | None = None, markdown: 
     return "\n\n".join(title + gap + render(frame, heads, markdown) for title, frame, heads in parts)
 
 
+def reported(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the trials the sweep's tables report: per (setting, method) the configuration
+    chosen on validation, on the reported seeds (`analysis.common.chosen_trials`). A tuned sweep's
+    search trials (its search seed, the configurations not chosen) are left out, as the tables
+    leave them out: they are not seeds of the reported method."""
+    keep = set(chosen_trials(final_rows(trials))["config_hash"]) if len(trials) else set()
+    return rounds[rounds["config_hash"].isin(keep)]
+
+
 def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(round rows, client rows) of sweep folders (analysis.load) and of single runs' output
-    folders (`python -m fl_core --results DIR`: DIR/rounds.parquet, DIR/clients.parquet)."""
+    """(round rows, client rows) of sweep folders (analysis.load; the reported trials only,
+    `reported`) and of single runs' output folders (`python -m fl_core --results DIR`:
+    DIR/rounds.parquet, DIR/clients.parquet)."""
     runs = [Path(p) for p in paths if (Path(p) / "rounds.parquet").exists()]
     sweeps = [p for p in paths if Path(p) not in runs]
-    rounds = [pd.read_parquet(r / "rounds.parquet") for r in runs] + ([load_rounds(sweeps)] if sweeps else [])
+    rounds = [pd.read_parquet(r / "rounds.parquet") for r in runs]
+    rounds += [reported(load_rounds(sweeps), load_trials(sweeps))] if sweeps else []
     clients = [pd.read_parquet(r / "clients.parquet") for r in runs if (r / "clients.parquet").exists()]
     clients += [load_clients(sweeps)] if sweeps else []
     return pd.concat(rounds, ignore_index=True), pd.concat(clients, ignore_index=True) if clients else pd.DataFrame()

@@ -28,7 +28,7 @@ import pandas as pd
 
 from .algorithms import METHOD_FACTS, method_facts
 from .config import config_from_row
-from .results import trial_row
+from .results import divergence, summarize_trial, trial_row
 
 SORT_KEYS = ("config_hash", "round", "client")
 _NAME = re.compile(r"^(?P<hash>[^.][^-]*?)(?:-r(?P<round>\d+))?\.parquet$")
@@ -243,3 +243,25 @@ def trials_from_rounds(rounds: pd.DataFrame, status: str = "INCOMPLETE") -> pd.D
         kept = {k: first[k] for k in ("config_hash", "version", "sweep") if k in group}
         rows.append(trial_row(config_from_row(first), group, status=status) | kept)
     return pd.DataFrame(rows)
+
+
+def rejudged(trials: pd.DataFrame, rounds: pd.DataFrame, chance: float | None = None) -> pd.DataFrame:
+    """`trials` with `diverged` and `diverged_why` judged again from each trial's round rows by the
+    current rule (`fl_core.results.divergence`), for sweeps written under an earlier one. `chance`
+    (1 / number of classes) is a row's own `chance` where it has one, else this argument; a row
+    with neither is judged on its losses alone, and a row without round rows keeps its verdict."""
+    out = trials.copy()
+    if "diverged" not in out:
+        out["diverged"], out["diverged_why"] = False, ""
+    out["diverged"] = out["diverged"].astype(object)
+    out["diverged_why"] = out["diverged_why"].astype(object)
+    groups = dict(tuple(rounds.groupby("config_hash", sort=False))) if len(rounds) else {}
+    for index, row in out.iterrows():
+        group = groups.get(row["config_hash"])
+        if group is None:
+            continue
+        own = row.get("chance")
+        why = divergence(group, summarize_trial(group), chance if own is None or pd.isna(own) else float(own))
+        out.at[index, "diverged"], out.at[index, "diverged_why"] = bool(why), why
+    out["diverged"] = out["diverged"].astype(bool)
+    return out

@@ -370,7 +370,8 @@ def trial_row(config, rounds: pd.DataFrame, report_round: str = "last", chance: 
               **info: Any) -> dict[str, Any]:
     """One row per trial: config columns, the final round's summary with the accuracies of the
     reported round (`reported_round`; `report_round` names the rule), whether the run diverged
-    (`diverged`, `diverged_why`: `divergence`) and `info` (status, wall time, provenance)."""
+    (`diverged`, `diverged_why`: `divergence`, judged with `chance`, kept as a column) and `info`
+    (status, wall time, provenance)."""
     row = config_columns(config)
     if len(rounds):
         history = summarize_trial(rounds)
@@ -382,7 +383,7 @@ def trial_row(config, rounds: pd.DataFrame, report_round: str = "last", chance: 
         row |= {k: v for k, v in final.items() if k != "round"} | {
             "rounds_done": final["round"], "report_round": report_round,
             "reported_round": reported["round"] if reported is not None else math.nan,
-            "diverged": bool(why), "diverged_why": why}
+            "diverged": bool(why), "diverged_why": why, "chance": math.nan if chance is None else chance}
     return row | info
 
 

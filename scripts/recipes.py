@@ -17,6 +17,7 @@ class Recipe:
     needs_data: bool = False
     figures: bool = True
     reports: tuple[tuple[str, str, str | None], ...] = ()     # (analysis module, report .md, plot .png)
+    claims_per_sweep: bool = False   # each sweep its own data (FedL2P's pretrainings), not seeds of one table
 
 
 def _fmnist(study: str, name: str, *args: str) -> tuple[str, str, tuple[str, ...]]:
@@ -46,25 +47,18 @@ RECIPES: dict[str, Recipe] = {
         (_fmnist("feature_shift", "feature-shift-fmnist-lg80", "--partition", "domain_dirichlet", "--algorithms",
                  "lg_fedavg", "--rounds", "80", "--eval-every", "8"),), needs_data=True),
     "perfedmask-fmnist": Recipe(
-        "PerFedMask and the seven methods of its table on Fashion-MNIST",
-        (_fmnist("perfedmask", "perfedmask-fmnist", "--algorithms", "perfedmask", "fedbabu", "fedprox", "fednova",
-                 "heterofl", "splitmix", "fedavg_ft"),), needs_data=True),
-    "perfedmask-fmnist-c01": Recipe(
-        "PerFedMask's study at c = 0.1 to 200 rounds",
-        (_fmnist("perfedmask", "perfedmask-fmnist-c01", "--participation", "0.1", "--rounds", "200",
-                 "--eval-every", "40"),), needs_data=True),
-    "perfedmask-fmnist-c1-100": Recipe(
-        "FedBABU and PerFedMask at c = 1 to 100 rounds",
-        (_fmnist("perfedmask", "perfedmask-fmnist-c1-100", "--participation", "1.0", "--algorithms", "fedbabu",
-                 "perfedmask", "--rounds", "100", "--eval-every", "20"),), needs_data=True),
+        "PerFedMask and its baselines as the authors run them, c = 0.1 (10 of 100 devices a round)",
+        (_fmnist("perfedmask", "perfedmask-fmnist"),), needs_data=True),
+    "perfedmask-fmnist-c1": Recipe(
+        "PerFedMask and its baselines as the authors run them, c = 1 (every device every round)",
+        (("perfedmask-fmnist-c1", "perfedmask_fmnist_c1", ()),), needs_data=True),
     "fedl2p-fmnist": Recipe("FedL2P's two stages on fmnist_c", (_fmnist("fedl2p", "fedl2p-fmnist"),),
                             needs_data=True, reports=(("analysis.fedl2p_learning", "learning.md", "val_loss.png"),)),
     "fedl2p-table1": Recipe(
-        "FedL2P's Table 1 in kind: three pretrainings x Dir alpha",
-        tuple(_fmnist("fedl2p", f"t1-{p}", "--corruptions", "clean", "--dir-alpha", "1000", "1.0", "0.5", "0.1",
-                      "--algorithms", "ft", "fedl2p", "--bn-mode", "C", "--seeds", "0", "1", "2", "--pretraining", p)
+        "FedL2P's Table 1 in kind: three pretrainings, Dir(1000) and Dir(0.1), tuned alike",
+        tuple(("t1-" + p, "fedl2p_table1", ("--pretraining", p))
               for p in ("fedavg", "fedbabu", "perfedavg_hf")),
-        table="fedl2p", needs_data=True, figures=False),
+        table="fedl2p", needs_data=True, figures=False, claims_per_sweep=True),
     "baselines-pfl": Recipe(
         "the ten further personalized baselines on Fashion-MNIST Dir(0.3)",
         (("pfl-fmnist", "baselines_pfl", ("--seeds", "0")),
@@ -77,5 +71,5 @@ RECIPES: dict[str, Recipe] = {
                      "(python -m analysis.claims)", (), figures=False),
 }
 CLAIMS_FROM = ("fedselect-grid-fmnist", "baselines-fmnist", "ablation-fmnist", "dispfl-fmnist",
-               "feature-shift-fmnist", "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c01",
-               "perfedmask-fmnist-c1-100", "fedl2p-fmnist")
+               "feature-shift-fmnist", "feature-shift-fmnist-domain80", "perfedmask-fmnist", "perfedmask-fmnist-c1",
+               "fedl2p-fmnist", "fedl2p-table1")

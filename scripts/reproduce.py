@@ -107,8 +107,9 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
             fresh += [p for p in build_plots(folders) if p.suffix == ".png"]
         # build_tables keeps the statistics of the table it pooled from all the recipe's sweeps in the
         # first sweep's tables/summary.parquet: judge the claims there, once (the other sweeps' own
-        # summaries would judge the same cells again, under other corrections)
-        verdicts = claims_table(folders[:1], keep_not_run=False)
+        # summaries would judge the same cells again, under other corrections), unless each sweep
+        # holds data of its own (`claims_per_sweep`: FedL2P's Table 1, one sweep per pretraining)
+        verdicts = claims_table(folders if recipe.claims_per_sweep else folders[:1], keep_not_run=False)
         written = {"claims.md": verdicts} if verdicts is not None else {}
     with tempfile.TemporaryDirectory() as tmp:
         for file, text in written.items():

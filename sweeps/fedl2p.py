@@ -52,7 +52,8 @@ def customize(spec: StudySpec, args: argparse.Namespace) -> StudySpec:
         raise SystemExit(f"error: --pretraining-rounds {args.pretraining_rounds} must be >= 1")
     # the ablations change one thing each: every other knob is the file's FedL2P entry's (its meta rates)
     base = next((m.knobs for m in spec.methods if m.algorithm == "fedl2p"), {})
-    methods = spec.methods + (tuple(Method(a.algorithm, base | a.knobs) for a in ABLATIONS) if args.ablations else ())
+    extra = [Method(a.algorithm, base | a.knobs) for a in ABLATIONS] if args.ablations else []
+    methods = spec.methods + tuple(m for m in extra if m not in spec.methods)  # the file may run one already
     pre = spec.pretraining
     if args.pretraining is not None and args.pretraining != pre.algorithm:
         pre = Method(args.pretraining, {k: v for k, v in pre.knobs.items()})  # the common knobs carry over

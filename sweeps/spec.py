@@ -5,6 +5,9 @@
     seeds = [0, 1, 2]                        # one trial per seed and configuration
     report_round = "last"                    # or "best_val" / "best_val_global": each run's round with the best mean
                                              # validation accuracy (needs val_fraction > 0)
+    margin = 0.01                            # optional: the margin m (accuracy as a fraction) of the claims
+                                             # tested on this study (analysis.claims): "comparable" means
+                                             # |A - B| < m; declared before the study runs
 
     [search]
     kind = "grid"                            # grid | optuna (sampled configurations per data setting)
@@ -87,7 +90,7 @@ from .errors import SweepError
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("fifo", "asha")
-TOP_KEYS = ("name", "description", "seeds", "report_round", "search", "knobs", "methods", "pretraining")
+TOP_KEYS = ("name", "description", "seeds", "report_round", "margin", "search", "knobs", "methods", "pretraining")
 SEARCH_KEYS = ("kind", "scheduler", "num_samples", "tune", "seed")
 SEARCH_SEED = 1000        # the search's own seed by default: never one of a study's reported seeds
 MIN_CONFIRM_SEEDS = 5     # a study with `tune`: the tables' and claims' paired t-test over seeds needs 5
@@ -132,6 +135,7 @@ class StudySpec:
                                                             # declared spaces ("all": every method not fixed)
     search_seed: int = SEARCH_SEED                          # [search] seed: the seed selection runs on
     report_round: str = "last"                              # last | best_val: the round a trial reports
+    margin: float | None = None                             # the claims' margin m (analysis.claims); None: theirs
 
     @property
     def selects(self) -> bool:
@@ -170,7 +174,8 @@ def parse_spec(raw: dict[str, Any], source: str = "study") -> StudySpec:
                      seeds=tuple(seeds), knobs=knobs, methods=methods,
                      search=search.get("kind", "optuna" if tune else "grid"), scheduler=search.get("scheduler", "fifo"),
                      num_samples=search.get("num_samples", 16), pretraining=pretraining, source=source, tune=tune,
-                     search_seed=search.get("seed", SEARCH_SEED), report_round=raw.get("report_round", "last"))
+                     search_seed=search.get("seed", SEARCH_SEED), report_round=raw.get("report_round", "last"),
+                     margin=raw.get("margin"))
     check_spec(spec)
     return spec
 
@@ -266,7 +271,7 @@ def check_spec(spec: StudySpec) -> None:
 
 
 def _check_choices(spec: StudySpec, where: str) -> None:
-    """The search kind, the scheduler and the report round are ones this package knows."""
+    """The search kind, the scheduler and the report round are ones this package knows; a margin is a fraction."""
     if spec.search not in SEARCHES:
         raise SweepError(f"{where}: search kind={spec.search!r}; choose one of {', '.join(SEARCHES)}")
     if spec.scheduler not in SCHEDULERS:
@@ -274,6 +279,9 @@ def _check_choices(spec: StudySpec, where: str) -> None:
     if spec.report_round not in REPORT_ROUNDS:
         raise SweepError(f"{where}: report_round={spec.report_round!r}; choose one of {', '.join(REPORT_ROUNDS)} (the "
                          f"last round, or each run's round with the best mean validation accuracy)")
+    if spec.margin is not None and not (isinstance(spec.margin, float) and 0 < spec.margin < 1):
+        raise SweepError(f"{where}: margin={spec.margin!r}; the claims' margin is accuracy as a fraction in (0, 1), "
+                         f"e.g. 0.01 for one percentage point")
 
 
 def _check_seeds(spec: StudySpec, where: str) -> None:
@@ -515,7 +523,9 @@ def resolved(spec: StudySpec) -> StudySpec:
 def to_toml(spec: StudySpec) -> str:
     lines = [f"# resolved study spec: {spec.source or spec.name} with the command line applied",
              f"name = {_toml(spec.name)}", f"description = {_toml(spec.description)}",
-             f"seeds = {_toml(list(spec.seeds))}", f"report_round = {_toml(spec.report_round)}", "", "[search]",
+             f"seeds = {_toml(list(spec.seeds))}", f"report_round = {_toml(spec.report_round)}"]
+    lines += [f"margin = {_toml(spec.margin)}"] if spec.margin is not None else []
+    lines += ["", "[search]",
              f"kind = {_toml(spec.search)}",
              f"scheduler = {_toml(spec.scheduler)}", f"num_samples = {spec.num_samples}"]
     lines += [f"tune = {_toml(list(spec.tune))}"] if spec.tune else []

@@ -14,6 +14,8 @@ from analysis.claims import (BEST, CLAIMS, EQUIVALENCE, EQUIVALENT, HOLDS, LESS_
                              SUPERIORITY, UNSURE, Claim, check_claims, main, to_markdown)
 from conftest import REPO
 from scripts import reproduce
+from sweeps.errors import SweepError
+from sweeps.spec import load_spec
 
 STUDY = "baselines_fmnist"
 SETTING = "fmnist, 2 shards"
@@ -105,6 +107,20 @@ def test_noninferiority_and_equivalence_claims_use_their_margins(tmp_path):
         Claim("P", "x", "", (STUDY,), "better", "A", "B")
     with pytest.raises(ValueError, match="no reference"):
         Claim("P", "x", "", (STUDY,), BEST, "A", "B")
+
+
+def test_a_margin_the_study_file_declares_replaces_the_claims_own(tmp_path):
+    eq = Claim("P", "A is comparable to B", "", (STUDY,), EQUIVALENCE, "A", "B")
+    half_below = {"A": BASE - 0.005 + SAME, "B": BASE}    # comparable within 1 pp, not within 0.25 pp
+    sweep = write_sweep(tmp_path / "s", half_below)
+    assert check_claims([sweep], [eq]).iloc[0]["verdict"] == HOLDS
+    study = sweep / "study.toml"
+    study.write_text(study.read_text().replace('seeds = [', 'margin = 0.0025\nseeds = [', 1))
+    row = check_claims([sweep], [eq]).iloc[0]
+    assert row["verdict"] == OPPOSITE and row["margin"] == 0.0025 and row["type"] == "equivalence, ±0.25 pp"
+    study.write_text(study.read_text().replace("margin = 0.0025", "margin = 2"))
+    with pytest.raises(SweepError, match=r"margin=2; the claims' margin is accuracy as a fraction in \(0, 1\)"):
+        load_spec(study)
 
 
 def test_a_diverged_seed_is_left_out_and_said(tmp_path):

@@ -1,7 +1,7 @@
-"""The FedL2P study on Fashion-MNIST (`python -m sweeps.run fedl2p_fmnist`, studies/fedl2p_fmnist.toml)
-plans what its file says, FedL2P's meta-gradient is FOMAML+ by default (IFT is the ablation), the
-ablations keep the file's meta rates, and a FedL2P run reports the initial λ's policy beside the
-learned one. Planning reads no data."""
+"""The FedL2P study on Fashion-MNIST (`python -m sweeps.run fedl2p_fmnist`, the file studies/fedl2p_fmnist.toml)
+plans what its file says: every method tuned alike (FT's rate, FedL2P's rate and meta rates) on
+both settings, both FT (BN C) modes and both meta-gradients; the ablations add one change each; a
+FedL2P run reports the initial λ's policy beside the learned one. Planning reads no data."""
 from __future__ import annotations
 
 import pytest
@@ -13,35 +13,39 @@ from sweeps import fedl2p
 from sweeps.spec import STUDIES
 from sweeps.study import build_parser, plan_sweep
 
-RATES = (0.03, 0.03, 0.003)
+SETTINGS = 2
+METHODS = ["FT (BN C)", "FT (BN C, authors')", "FT (BN G)", "FT (BN I)", "FedL2P", "FedL2P (IFT)"]
 
 
 def plan_of(argv, tmp_path):
     return plan_sweep(fedl2p.STUDY, build_parser(fedl2p.STUDY).parse_args([*argv, "--results", str(tmp_path)]))[0]
 
 
-def test_the_fmnist_preset_plans_two_settings_five_seeds_and_forty_meta_rounds(tmp_path):
+def test_the_fmnist_preset_tunes_every_method_alike_on_two_settings_with_six_unseen_clients(tmp_path):
     plan = plan_of(["--preset", "fmnist"], tmp_path)
     assert fedl2p.STUDY.presets["fmnist"] == STUDIES / "fedl2p_fmnist.toml"
     assert plan.folder.name.startswith("fedl2p_fmnist-")
-    pretrain, tune = ([c for _, c in stage.configs] for stage in plan.stages)
-    assert len(pretrain) == 2 * 5 and len(tune) == 2 * 5 * 5
-    assert {c.algorithm for c in pretrain} == {"fedavg"} and {c.rounds for c in pretrain} == {50}
-    assert {c.dataset for c in tune} == {"fmnist_c"} and {c.dir_alpha for c in tune} == {0.1}
-    assert {c.corruptions for c in tune} == {"clean", ""}  # "" = the four default corruptions
-    assert sorted({c.seed for c in tune}) == [0, 1, 2, 3, 4]
-    meta = [c for c in tune if c.algorithm in ("fedl2p", "l2p")]
-    assert len(meta) == 20 and {c.rounds for c in meta} == {40}
-    assert {(c.meta_grad, c.meta_lr_bn, c.meta_lr_lr, c.meta_lr_post) for c in meta} == {("fomaml", *RATES)}
+    pretrain, *selects = plan.stages
+    pre = [c for _, c in pretrain.configs]    # one pretraining per setting and seed, the search seed's too
+    assert len(pre) == SETTINGS * 6 and {c.algorithm for c in pre} == {"fedavg"} and {c.rounds for c in pre} == {50}
+    assert sorted({c.seed for c in pre}) == [0, 1, 2, 3, 4, 1000]
+    assert [s.kind for s in selects] == ["select"] * SETTINGS * len(METHODS)
+    assert [s.group.split(" / ")[1] for s in selects] == METHODS * SETTINGS     # both FT (BN C) modes, both meta-grads
+    base = [c for s in selects for _, c in s.configs]
+    assert {c.seed for c in base} == {1000} and {(c.num_clients, c.unseen_clients) for c in base} == {(16, 6)}
+    assert {c.corruptions for c in base} == {"clean", ""}  # "" = the four default corruptions
+    meta = [s for s in selects if s.configs[0][1].algorithm == "fedl2p"]
+    assert {c.rounds for s in meta for _, c in s.configs} == {40}
+    assert all(set(s.domains) == {"lr", "meta_lr_bn", "meta_lr_lr", "meta_lr_post"} for s in meta)
+    assert all(set(s.domains) == {"lr"} and s.domains["lr"].low == 1e-5 for s in selects if s not in meta)
+    assert plan.spec.num_samples == 4
 
 
-def test_the_ablations_change_one_thing_and_keep_the_files_meta_rates(tmp_path):
-    plan = plan_of(["--preset", "fmnist", "--ablations", "--seeds", "0"], tmp_path)
-    ours = [c for _, c in plan.stages[-1].configs if c.algorithm == "fedl2p" and c.corruptions == ""]
-    labels = sorted(c.label() for c in ours)
-    assert labels == ["FedL2P", "FedL2P (BNNet)", "FedL2P (IFT)", "FedL2P (LRNet, β = 0)", "FedL2P (LRNet, β = 1)"]
-    assert {(c.meta_lr_bn, c.meta_lr_lr, c.meta_lr_post) for c in ours} == {RATES}
-    default = plan_of(["--ablations", "--seeds", "0"], tmp_path)  # the MNIST study: the paper's rates
+def test_the_ablations_change_one_thing_each(tmp_path):
+    plan = plan_of(["--preset", "fmnist", "--ablations", "--seeds", "0", "1", "2", "3", "4"], tmp_path)
+    labels = [s.group.split(" / ")[1] for s in plan.stages if s.kind == "select" and "(clean)" not in s.group]
+    assert labels == [*METHODS, "FedL2P (BNNet)", "FedL2P (LRNet, β = 1)", "FedL2P (LRNet, β = 0)"]  # IFT: in the file
+    default = plan_of(["--ablations", "--seeds", "0"], tmp_path)  # the MNIST study, untuned: the paper's rates
     assert {c.meta_lr_bn for _, c in default.stages[-1].configs if c.algorithm == "fedl2p"} == {1e-3}
 
 

@@ -139,3 +139,21 @@ def test_the_learned_lambda_is_compared_with_the_initial_one_per_pool_by_a_paire
     assert unseen["p"] == pytest.approx(stats.ttest_rel([5.0, 3.0], [4.0, 4.0]).pvalue)
     assert "L_V learned λ" in report(rows, clients_frame(), markdown=True)
     assert gain_summary(rounds_frame()).empty  # rows without the columns: no table, not zeros
+
+
+def test_a_tuned_sweeps_report_keeps_the_chosen_configurations_reported_seeds_only():
+    """The search trials (search seed 1000, every configuration tried) are not seeds of the method
+    the tables report: the report reads the chosen configuration's confirm runs alone."""
+    from analysis.fedl2p_learning import reported
+
+    base = dict(setting="S", method="FedL2P", algorithm="fedl2p", status="COMPLETED", search_seed=1000.0)
+    trials = pd.DataFrame([
+        base | dict(config_hash="search-a", stage="select", seed=1000, lr=0.1, acc_mean=0.9, acc_val_mean=0.9),
+        base | dict(config_hash="search-b", stage="select", seed=1000, lr=0.5, acc_mean=0.2, acc_val_mean=0.2),
+        base | dict(config_hash="t0", stage="confirm", seed=0, lr=0.1, acc_mean=0.8, acc_val_mean=0.8),
+        base | dict(config_hash="t1", stage="confirm", seed=1, lr=0.1, acc_mean=0.7, acc_val_mean=0.7)])
+    rounds = rounds_frame()
+    searched = rounds[rounds["config_hash"] == "t0"].assign(config_hash="search-b", seed=1000)
+    kept = reported(pd.concat([rounds, searched], ignore_index=True), trials)
+    assert set(kept["config_hash"]) == {"t0", "t1"}
+    assert loss_summary(kept).iloc[0]["seeds"] == 2

@@ -147,6 +147,28 @@ def test_trials_table_lists_every_planned_trial_when_tune_results_have_no_config
     assert list(saved.stage) == ["grid", "grid", "anchor"] and (saved.objective == "acc_mean").all()
 
 
+def test_trials_table_writes_a_finished_trials_row_with_the_chance_it_was_judged_by(tmp_path):
+    """A trial Tune reports as finished, its round rows on disk: its row carries the trainable's
+    metrics (the chance among them) and the divergence verdict judged with that chance. (Passing
+    `chance` twice once broke every sweep's end here, after all its trials had run.)"""
+    from fl_core.results import write_parquet
+
+    args = build_parser(STUDY).parse_args(sweep_args(tmp_path, "done", "--pers-rate", "0.1", "--anchors", "fedavg"))
+    plan, _ = plan_sweep(STUDY, args)
+    config = plan.configs[0]
+    key, last = config.config_hash(), config.rounds
+    rows = pd.DataFrame({"round": range(1, last + 1), "client": 0, "participated": True, "loss": 1.0,
+                         "acc": [0.8] * (last - 1) + [0.05], "acc_val": 0.5, "acc_local": 0.8, "acc_global": 0.8,
+                         "n_test": 10, "bytes_up": 0, "bytes_down": 0, "personal_fraction": 0.0, "config_hash": key})
+    write_parquet(rows, tmp_path / "done" / "rounds" / f"{key}.parquet")
+    done = SimpleNamespace(config={"trial": {"run": config.to_dict(), "stage": "grid"}}, error=None, path="p",
+                           metrics={"round": last, "chance": 0.1, "time_total_s": 3.0, "kernels": "k"})
+    trials, _ = trials_table(plan, [(plan.stages[0], [done])])
+    row = trials.set_index("config_hash").loc[key]
+    assert row["status"] == "COMPLETED" and row["chance"] == 0.1 and row["kernels"] == "k"
+    assert row["diverged"] and row["diverged_why"].startswith("fell to chance: mean accuracy 0.050 after 0.800")
+
+
 def _signal_self(sig: int) -> None:
     os.kill(os.getpid(), sig)
     time.sleep(0.5)  # the handler runs here (a raising one ends the sleep)

@@ -63,3 +63,31 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
     assert bold[after].any().all() and not bold.drop(columns=after).to_numpy().any()
     assert "before and after fine-tuning" in caption and "significantly better/worse than FedAvg+FT" in caption
     assert set(summary["reference"]) == {"FedAvg+FT"} and len(summary) == 2 * 2 * len(cells)  # c x before/after
+
+
+@pytest.mark.slow
+def test_the_fmnist_study_on_a_slice_tunes_every_method_and_reports_the_authors_round(ray_cluster, tmp_path):
+    """studies/perfedmask_fmnist.toml on a slice of Fashion-MNIST (8 devices of 20 images, 4 rounds,
+    2 configurations a method): every method is searched then confirmed on 5 seeds, each run reports
+    its best-validation round before fine-tuning, the devices below full width of the full-model
+    baselines run half the epochs, and the claims read the study file's margin."""
+    from analysis.claims import check_claims
+    from conftest import SHARED_DATA
+
+    flags = ["--preset", "fmnist", "--data-root", str(SHARED_DATA), "--num-clients", "8", "--samples-per-client",
+             "20", "--test-samples-per-client", "20", "--rounds", "4", "--eval-every", "2", "--lr-milestones", "2,3",
+             "--local-epochs", "2", "--ft-epochs", "1", "--num-samples", "2", "--results", str(tmp_path),
+             "--name", "pmf", "--verbose", "0"]
+    assert run_study(PERFEDMASK, flags) == 0
+    folder = tmp_path / "pmf"
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert (trials.status.isin(["COMPLETED", "STOPPED"])).all()
+    assert trials.groupby("method")["stage"].apply(lambda s: (s == "confirm").sum()).eq(5).all()
+    assert set(trials.report_round) == {"best_val_global"} and trials.reported_round.isin([2, 4]).all()
+    rounds = read_rounds(folder)
+    limited = rounds[rounds["weak_epochs"].eq(0.5) & rounds["epochs_run"].notna()]
+    assert set(limited.loc[limited.ratio < 1, "epochs_run"]) == {1}
+    assert set(limited.loc[limited.ratio == 1, "epochs_run"]) == {2}
+    rows = check_claims([folder])
+    mine = rows[rows["paper"] == "PerFedMask"]
+    assert len(mine) and set(mine["margin"].dropna()) == {0.01}

@@ -159,6 +159,37 @@ def test_a_fine_tuning_that_ends_at_chance_from_a_learned_model_has_diverged():
     assert divergence(poor, summarize_trial(poor), 0.1) == ""
 
 
+def test_a_sweep_written_under_an_earlier_rule_is_judged_again_from_its_round_rows(tmp_path, capsys):
+    """fl_core.result_files.rejudged and `python -m sweeps.rejudge`: the verdicts in trials.parquet
+    follow the current rule, from the kept round rows; a row's own `chance` wins over the flag's,
+    and a trial without round rows keeps its verdict."""
+    from fl_core.result_files import rejudged
+    from fl_core.results import write_parquet
+    from sweeps.rejudge import main
+
+    collapsed = _rounds([1.0], [0.05], [0.05]).assign(acc_global=0.80, acc_local=0.80, config_hash="a")
+    fine = _rounds([1.0], [0.70], [0.70]).assign(config_hash="b")
+    rounds = pd.concat([collapsed, fine], ignore_index=True)
+    trials = pd.DataFrame({"config_hash": ["a", "b", "c"], "algorithm": "fedl2p", "seed": [4, 0, 1],
+                           "diverged": [False, True, True], "diverged_why": ["", "old rule", "no rows"]})
+    after = rejudged(trials, rounds, chance=0.1)
+    assert after["diverged"].tolist() == [True, False, True]
+    assert after["diverged_why"].tolist() == [
+        "fell to chance: mean accuracy 0.050 after 0.800 (chance 0.100)", "", "no rows"]
+    assert not rejudged(trials.assign(chance=0.01), rounds, chance=0.1)["diverged"].iloc[0]  # 100 classes
+    write_parquet(trials, tmp_path / "trials.parquet")
+    for key, rows in rounds.groupby("config_hash"):
+        write_parquet(rows, tmp_path / "rounds" / f"{key}.parquet")
+    assert main([str(tmp_path), "--chance", "0.1", "--dry-run"]) == 0
+    assert "a fedl2p seed 4: not diverged -> fell to chance" in capsys.readouterr().err
+    assert not pd.read_parquet(tmp_path / "trials.parquet")["diverged"].iloc[0]  # a dry run writes nothing
+    main([str(tmp_path), "--chance", "0.1"])
+    assert pd.read_parquet(tmp_path / "trials.parquet")["diverged"].tolist() == [True, False, True]
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--chance", "10"])
+    assert "--chance 10.0: must be between 0 and 1" in capsys.readouterr().err
+
+
 def test_a_client_a_round_did_not_sample_has_no_loss_and_has_not_diverged():
     """Under partial participation a client trains in some rounds only: its NaN loss in the others
     is no divergence (it flagged every run of a c = 0.1 study before, and selection then had no
