@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from benchmarks.fixtures import client_bytes, random_federated
+from benchmarks.fixtures import client_bytes, random_federated, write_report
+from fl_core import kernels
 from fl_core.config import RunConfig
 from fl_core.data import FederatedData
 from fl_core.models import build_model
@@ -152,18 +153,36 @@ def cli_start_seconds() -> float:
     return elapsed
 
 
+def memory_report(threads: int, out: Path | None = None) -> list[str]:
+    """Peak RSS of 10 ResNet-18 FedSelect clients over two rounds, each in a fresh process: as a
+    sweep's trial runs (its workers' allocator, sweeps/allocator.py), under glibc's malloc tuned and
+    untuned, and the pure compute's own peak; printed as lines, written as a Markdown table to `out`.
+    Run it while this process is small: Linux carries a parent's RSS at fork into the child's
+    getrusage peak, so a child started later would report at least this process's size."""
+    workers, preload = allocator_env()
+    cases = {f"ours, as a sweep's trial runs ({workers})": ("ours", preload, "<= 1.5"),
+             "ours, glibc's malloc as `tune_malloc` sets it": ("ours", {}, ""),
+             "ours, glibc's malloc untuned": ("ours", {"FL_CORE_MALLOC_TUNING": "0"}, ""),
+             f"the pure compute, alone ({workers})": ("pure", preload, "")}
+    rows = {what: peak_rss(kind, "resnet18", 10, threads, env) for what, (kind, env, _) in cases.items()}
+    lines = [f"peak RSS, 10 ResNet-18 clients, two rounds, {what}: {r['getrusage'] / 1e9:.2f} GB "
+             f"(VmHWM {r['vmhwm'] / 1e9:.2f} GB)" + (f" (target {target} GB)" if target else "")
+             for (what, r), (_, _, target) in zip(rows.items(), cases.values())]
+    table = ["| 10 ResNet-18 FedSelect clients, two rounds | peak RSS (GB) | target |", "|---|---|---|"]
+    table += [f"| {what} | {r['getrusage'] / 1e9:.2f} | {target} |"
+              for (what, r), (_, _, target) in zip(rows.items(), cases.values())]
+    write_report(out, table, f"Each row a fresh process (getrusage's peak); {threads} torch thread(s); "
+                 f"CPU: {kernels.machine_isa()}. The pure compute is one model's training and scoring passes "
+                 f"on the same data, the floor the engine's ten client states add to.")
+    return lines
+
+
 def report_all(args: argparse.Namespace) -> None:
     print(f"[all] {args.threads} thread(s); the machine may be shared with other processes, so times are noisy")
     # First, while this process is small: Linux carries a parent's RSS at fork into the child's
     # getrusage peak, so a child started later would report at least this process's size.
-    workers, preload = allocator_env()
-    rss = {f"ours, as a sweep's trial ({workers})": peak_rss("ours", "resnet18", 10, args.threads, preload),
-           "ours, glibc malloc tuned": peak_rss("ours", "resnet18", 10, args.threads, {}),
-           "ours, glibc malloc untuned": peak_rss("ours", "resnet18", 10, args.threads, {"FL_CORE_MALLOC_TUNING": "0"}),
-           "pure compute": peak_rss("pure", "resnet18", 10, args.threads, preload)}
-    for what, r in rss.items():
-        print(f"[2] peak RSS, 10 ResNet-18 clients, two rounds, {what:36s}: {r['getrusage'] / 1e9:5.2f} GB "
-              f"(VmHWM {r['vmhwm'] / 1e9:5.2f} GB)  (target for a trial <= 1.5 GB)")
+    for line in memory_report(args.threads):
+        print(f"[2] {line}")
     for model, repeats in (("resnet18", args.resnet_repeats), ("cnn2", args.repeats)):
         sim, t = overhead(model, 10, args.threads, "random-cifar", repeats)
         print(f"[1] {model:8s} 10 clients x 100 CIFAR-shaped samples, 1 epoch, batch 32, median of {repeats}: "
@@ -210,12 +229,17 @@ def main() -> None:
     parser.add_argument("--resnet-repeats", type=int, default=3, help="--all: timed ResNet-18 rounds")
     parser.add_argument("--lenet-samples", type=int, default=50, help="--all: training samples per LeNet client")
     parser.add_argument("--lenet-repeats", type=int, default=3, help="--all: timed LeNet rounds per client count")
+    parser.add_argument("--memory", action="store_true", help="only the peak RSS rows of --all")
+    parser.add_argument("--out", type=Path, default=None, help="--memory: also write its table (Markdown) here")
     parser.add_argument("--rss", choices=["ours", "pure"], help=argparse.SUPPRESS)  # subprocess of --all
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is piped
     torch.set_num_threads(args.threads)
     if args.rss:
         return peak_rss_mode(args.rss, args.model, args.clients, args.threads)
+    if args.memory:
+        print("\n".join(memory_report(args.threads, args.out)))
+        return None
     if args.all:
         return report_all(args)
     dataset = args.dataset or ("random-cifar" if args.model in ("cnn2", "resnet18", "resnet18_cifar") else
