@@ -30,10 +30,10 @@ def test_the_scoring_benchmark_refuses_no_repeats(tmp_path, capsys):
 
 def test_the_plain_loop_counts_what_the_engine_counts():
     """benchmarks/scoring.py's floor scores the same models on the same images as ours: the counts
-    agree (the benchmark refuses to print a ratio otherwise), also after a batch boundary."""
+    agree, also after a batch boundary, and no prediction flips (the benchmark prints the count)."""
     import copy
 
-    from benchmarks.scoring import plain_loop
+    from benchmarks.scoring import flipped, plain_loop
     from conftest import tiny
     from fl_core.simulation import Simulation
 
@@ -44,6 +44,7 @@ def test_the_plain_loop_counts_what_the_engine_counts():
     model = copy.deepcopy(sim.trainer.model)
     assert plain_loop(model, state, clients) == ours == plain_loop(model, state, clients, batch=3)
     assert 0 < ours <= sum(d.n_test for d in clients)
+    assert flipped(sim.trainer, model, state, clients) == 0
 
 
 def test_a_report_file_holds_the_printed_table_and_where_it_ran(tmp_path):

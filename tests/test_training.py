@@ -210,3 +210,28 @@ def test_passes_sharing_a_velocity_dict_are_one_torch_sgd_run_and_separate_passe
     for seed in (5, 6):
         restarted, _, _ = trainer.train_pass(restarted, x, y, full, seed=seed)
     assert (carried["head.weight"] - restarted["head.weight"]).abs().max() > 1e-3
+
+
+def test_a_conv_model_is_scored_by_its_channels_last_copy_refilled_from_each_state():
+    """evaluate runs a channels-last copy of the model whose values come from the scored state:
+    the same counts as the shared model's forward, a second state's own values (nothing stale), the
+    shared model in its own format, and a state of another shape refused."""
+    trainer, state, x, y = setup()
+    other = {k: (t * -1.0 if t.is_floating_point() else t) for k, t in state.items()}
+    model = trainer.model
+
+    def plain_count(s):
+        load_state(model, s)
+        model.eval()
+        with torch.no_grad():
+            return int((model(x).argmax(1) == y).sum())
+
+    counts = [trainer.evaluate(s, x, y, batch_size=7) for s in (state, other, state)]
+    expected = [plain_count(s) for s in (state, other)]
+    assert counts == [expected[0], expected[1], expected[0]] and expected[0] != expected[1]
+    scorer = trainer._scoring_copy
+    assert scorer is not None and not scorer.training
+    assert scorer.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert trainer.model.conv.weight.is_contiguous()  # the shared model keeps its format
+    with pytest.raises(RuntimeError, match=r"size mismatch for head.bias"):
+        trainer.evaluate(state | {"head.bias": torch.zeros(1)}, x, y)
