@@ -187,7 +187,8 @@ def _as_factor(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 
 
 class LocalTrainer:
-    """Runs passes of masked SGD, gradients and evaluations on the one shared model."""
+    """Runs passes of masked SGD and gradients on the one shared model, and scores states on its
+    channels-last copy (`_scorer`)."""
 
     def __init__(self, model: nn.Module, sgd: SGDSettings) -> None:
         tune_malloc()
@@ -445,5 +446,6 @@ class LocalTrainer:
 
 
 def _predict(fn: Callable[[Tensor], Tensor], x: Tensor, batch_size: int) -> Tensor:
-    return torch.cat([fn(x[start:start + batch_size]).argmax(dim=1) for start in range(0, x.shape[0], batch_size)]) \
-        if x.shape[0] else torch.zeros(0, dtype=torch.long, device=x.device)
+    if not x.shape[0]:
+        return torch.zeros(0, dtype=torch.long, device=x.device)
+    return torch.cat([fn(x[start:start + batch_size]).argmax(dim=1) for start in range(0, x.shape[0], batch_size)])
