@@ -57,35 +57,43 @@ OUTSIDE = {
 
 
 class Trace:
-    """Records the forward passes of `model` while active: (input shape, grad enabled, trained
-    parameter indices); with `fingerprint`, also counts repeated evaluations. The hook sits on the
-    model's first layer with parameters, which every pass through the network runs, whichever
-    entry point it was called by (FedRoD calls `outputs`, not `forward`)."""
+    """Records the forward passes of `model` and of `scorer` (the trainer's channels-last scoring
+    copy, `LocalTrainer.scoring_model`) while active: (input shape, grad enabled, trained parameter
+    indices); with `fingerprint`, also counts repeated evaluations. A hook sits on each model's
+    first layer with parameters, which every pass through the network runs, whichever entry point
+    it was called by (FedRoD calls `outputs`, not `forward`)."""
 
-    def __init__(self, model: nn.Module, fingerprint: bool = False) -> None:
-        self.model, self.fingerprint = model, fingerprint
+    def __init__(self, model: nn.Module, fingerprint: bool = False, scorer: nn.Module | None = None) -> None:
+        self.fingerprint = fingerprint
         self.params = list(model.parameters())
         self.events: list[tuple[tuple[int, ...], bool, tuple[int, ...]]] = []
         self.seen: Counter = Counter()
-        first = next(m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
-        self.handle = first.register_forward_hook(self.hook)
+        self.handles = [self._first_layer(m).register_forward_hook(self._hook_for(m))
+                        for m in (model, scorer) if m is not None]
 
-    def hook(self, module: nn.Module, inputs: tuple, output) -> None:
-        x = inputs[0]
-        grad = torch.is_grad_enabled()
-        trained = tuple(i for i, p in enumerate(self.params) if p.requires_grad) if grad else ()
-        self.events.append((tuple(x.shape), grad, trained))
-        if self.fingerprint and not grad:
-            with torch.no_grad():  # read now: functional_call swaps the model's tensors in for the call
-                values = tuple(round(float(t.double().sum()), 6)
-                               for t in [x, *self.model.parameters(), *self.model.buffers()])
-            self.seen[(tuple(x.shape), values)] += 1
+    @staticmethod
+    def _first_layer(model: nn.Module) -> nn.Module:
+        return next(m for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
+
+    def _hook_for(self, model: nn.Module):
+        def hook(module: nn.Module, inputs: tuple, output) -> None:
+            x = inputs[0]
+            grad = torch.is_grad_enabled()
+            trained = tuple(i for i, p in enumerate(self.params) if p.requires_grad) if grad else ()
+            self.events.append((tuple(x.shape), grad, trained))
+            if self.fingerprint and not grad:
+                with torch.no_grad():  # read now: functional_call swaps the model's tensors in for the call
+                    values = tuple(round(float(t.double().sum()), 6)
+                                   for t in [x, *model.parameters(), *model.buffers()])
+                self.seen[(tuple(x.shape), values)] += 1
+        return hook
 
     def repeats(self) -> int:
         return sum(n - 1 for n in self.seen.values())
 
     def close(self) -> None:
-        self.handle.remove()
+        for handle in self.handles:
+            handle.remove()
 
 
 def replay(model: nn.Module, events: list, inputs: dict, lr: float = 0.1) -> float:
@@ -141,7 +149,7 @@ def measure(method: str, model: str, repeats: int, tmp: Path) -> dict:
     sim.run_round()  # warm-up: allocations, first-round branches
     rounds, limits, cpu_rounds, cpu_limits = [], [], [], []
     for _ in range(repeats):
-        trace = Trace(sim.trainer.model)
+        trace = Trace(sim.trainer.model, scorer=sim.trainer.scoring_model())
         cpu = time.process_time()
         rounds.append(sim.run_round().seconds)
         cpu_rounds.append(time.process_time() - cpu)
@@ -154,7 +162,7 @@ def measure(method: str, model: str, repeats: int, tmp: Path) -> dict:
         cpu = time.process_time()
         limits.append(replay(fresh, trace.events, inputs))
         cpu_limits.append(time.process_time() - cpu)
-    check = Trace(sim.trainer.model, fingerprint=True)
+    check = Trace(sim.trainer.model, fingerprint=True, scorer=sim.trainer.scoring_model())
     sim.run_round()
     check.close()
     round_s, limit_s = statistics.median(rounds), statistics.median(limits)

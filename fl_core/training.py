@@ -188,7 +188,7 @@ def _as_factor(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 
 class LocalTrainer:
     """Runs passes of masked SGD and gradients on the one shared model, and scores states on its
-    channels-last copy (`_scorer`)."""
+    channels-last copy (`scoring_model`)."""
 
     def __init__(self, model: nn.Module, sgd: SGDSettings) -> None:
         tune_malloc()
@@ -200,7 +200,7 @@ class LocalTrainer:
         self._modules = list(model.modules())
         self._plain_modes = all(type(m).train is nn.Module.train for m in self._modules)
         self._bound = False  # the model points at a caller's tensors (inside `bound`)
-        self._scoring_copy: nn.Module | None = None  # `_scorer`: made at the first scoring
+        self._scoring_copy: nn.Module | None = None  # `scoring_model`: made at the first scoring
         self._scoring_slots: dict[str, Tensor] = {}
         # Every state-dict entry: (owning module, attribute, is a parameter, the model's own tensor).
         self._slots: dict[str, tuple[nn.Module, str, bool, Tensor]] = {}
@@ -393,7 +393,7 @@ class LocalTrainer:
             self._release_grads()
 
     # ---------------------------------------------------------------- evaluation
-    def _scorer(self) -> nn.Module | None:
+    def scoring_model(self) -> nn.Module | None:
         """The model's scoring copy in channels-last memory format (NHWC weights and activations),
         in eval mode, made at the first scoring; None for a model without convolutions. On CPU
         oneDNN's convolutions run faster in that format (`python -m benchmarks.scoring`), but only
@@ -422,7 +422,7 @@ class LocalTrainer:
     def evaluate(self, model: Evaluated, x: Tensor, y: Tensor, batch_size: int = 1024) -> int:
         """Number of correctly classified samples (accuracy = correct / len(y), per sample).
 
-        `model` is a state (run on the model's channels-last scoring copy, `_scorer`, or for a model
+        `model` is a state (run on the model's channels-last scoring copy, `scoring_model`, or for a model
         without convolutions on the shared model in eval mode, without copying it) or a callable
         predictor `fn(x) -> logits` (an ensemble, a model with mixed BatchNorm statistics, ...),
         called as is under `torch.no_grad()`."""
@@ -432,7 +432,7 @@ class LocalTrainer:
     def predictions(self, model: Evaluated, x: Tensor, batch_size: int = 1024) -> Tensor:
         """The predicted class of each sample (the argmax of its logits), as `evaluate` scores them."""
         if isinstance(model, Mapping):
-            if x.dim() == 4 and self._scorer() is not None:
+            if x.dim() == 4 and self.scoring_model() is not None:
                 return _predict(self._load_scorer(model), x.contiguous(memory_format=torch.channels_last), batch_size)
             with self.bound(model) as shared:
                 self._mode(False)

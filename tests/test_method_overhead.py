@@ -14,7 +14,7 @@ from conftest import tiny
 
 def test_a_fedavg_round_traces_its_training_batches_and_two_scorings_per_client():
     sim = Simulation(tiny(algorithm="fedavg", batch_size=16, rounds=2))
-    trace = Trace(sim.trainer.model)
+    trace = Trace(sim.trainer.model, scorer=sim.trainer.scoring_model())
     sim.run_round()
     trace.close()
     batches = sum(sim.config.local_epochs * math.ceil(d.n_train / 16) for d in sim.data.clients)
@@ -32,7 +32,7 @@ def test_a_fedavg_round_traces_its_training_batches_and_two_scorings_per_client(
 def test_scoring_the_same_model_twice_is_counted_as_a_repeat():
     sim = Simulation(tiny(algorithm="fedavg", rounds=1))
     d, state = sim.data.clients[0], sim.clients[0].state
-    trace = Trace(sim.trainer.model, fingerprint=True)
+    trace = Trace(sim.trainer.model, fingerprint=True, scorer=sim.trainer.scoring_model())
     sim.trainer.evaluate(state, d.x_test, d.y_test)
     assert trace.repeats() == 0
     sim.trainer.evaluate(dict(state), d.x_test, d.y_test)  # the same values again

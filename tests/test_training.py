@@ -229,7 +229,7 @@ def test_a_conv_model_is_scored_by_its_channels_last_copy_refilled_from_each_sta
     counts = [trainer.evaluate(s, x, y, batch_size=7) for s in (state, other, state)]
     expected = [plain_count(s) for s in (state, other)]
     assert counts == [expected[0], expected[1], expected[0]] and expected[0] != expected[1]
-    scorer = trainer._scoring_copy
+    scorer = trainer.scoring_model()
     assert scorer is not None and not scorer.training
     assert scorer.conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert trainer.model.conv.weight.is_contiguous()  # the shared model keeps its format
