@@ -30,15 +30,9 @@ JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
 def tcmalloc_path() -> str | None:
-    """The system's tcmalloc (the minimal build: no heap profiler), or None."""
-    name = ctypes.util.find_library("tcmalloc_minimal")
-    if name is None:
-        return None
-    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
-                   "/usr/local/lib"):
-        if (Path(folder) / name).exists():
-            return str(Path(folder) / name)
-    return name  # a bare soname: the dynamic loader finds it as it found it for find_library
+    """The system's tcmalloc (the minimal build: no heap profiler) as the dynamic loader names it,
+    or None; LD_PRELOAD finds a bare soname where `find_library` found it."""
+    return ctypes.util.find_library("tcmalloc_minimal")
 
 
 def jemalloc_path() -> str | None:
