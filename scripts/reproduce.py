@@ -127,8 +127,8 @@ def tabulate(name: str, recipe: Recipe, results: Path, out: Path) -> list[Path]:
 
 def keep_data(results: Path, recipe: Recipe, out: Path) -> list[Path]:
     """Copy into out/data/<sweep>/ what the recipe's tables are computed from: each sweep's
-    trials.parquet and study.toml, and the rows of the trials a table reports (no search trial:
-    analysis.common.final_rows), as the sweep compacted them. Returns the folders written."""
+    trials.parquet and study.toml, and the round and client rows of the trials a table reports (no
+    search trial: analysis.common.final_rows), as the sweep compacted them. Returns the folders written."""
     import pandas as pd
 
     from analysis.common import final_rows
@@ -144,6 +144,10 @@ def keep_data(results: Path, recipe: Recipe, out: Path) -> list[Path]:
         for key, files in round_sources(source).items():
             for file in files if key in reported else ():
                 shutil.copy2(file, target / "rounds" / file.name)
+        for key in sorted(reported):  # the clients' realised data (FedL2P's policy table reads their domains)
+            if (source / "clients" / f"{key}.parquet").exists():
+                (target / "clients").mkdir(exist_ok=True)
+                shutil.copy2(source / "clients" / f"{key}.parquet", target / "clients" / f"{key}.parquet")
         for name in ("trials.parquet", "study.toml"):   # study.toml: which study it is (the claims read it)
             if (source / name).exists():
                 shutil.copy2(source / name, target / name)

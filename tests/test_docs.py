@@ -131,10 +131,14 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     import pandas as pd
     from table_helpers import write_sweep
 
+    from sweeps import parquet_sink
     from sweeps.parquet_sink import round_sources
 
     results = tmp_path / "results"
-    write_sweep(results / "fedselect-grid")
+    sweep = write_sweep(results / "fedselect-grid")
+    keys = sorted(pd.read_parquet(sweep / "trials.parquet").config_hash)
+    for key in [*keys, "fffffffffff0"]:   # the last: a trial no table reports, whose clients are not kept
+        parquet_sink.write_clients(sweep, key, [{"config_hash": key, "client": 0, "domain": "clean"}])
     docs = tmp_path / "docs-results"
     readme = tmp_path / "README.md"
     start, end = reproduce.readme_markers(docs / "default" / reproduce.README_TABLE)
@@ -153,8 +157,9 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     assert reproduce.check(tmp_path / "again", docs / "default") == [] and again
     assert reproduce.main(["default", "--results", str(results)]) == 2   # a sweep folder is never overwritten
     kept = docs / "default" / "data" / "fedselect-grid"       # the evidence beside the tables, and only it
-    assert {p.name for p in kept.iterdir()} == {"trials.parquet", "rounds"}   # (this sweep has no study.toml)
+    assert {p.name for p in kept.iterdir()} == {"trials.parquet", "rounds", "clients"}   # (no study.toml here)
     assert set(round_sources(kept)) == set(pd.read_parquet(kept / "trials.parquet").config_hash)
+    assert sorted(p.stem for p in (kept / "clients").iterdir()) == keys
     assert reproduce.main(["default", "--check", "--from-data"]) == 0   # the tables, from the kept data alone
 
 
