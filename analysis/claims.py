@@ -129,8 +129,8 @@ DIFFERS = {
     "feature_shift_fmnist": "Fashion-MNIST under 4 synthetic corruptions and LeNet-BN for CIFAR10-C / OfficeHome and "
                             "ResNet-18; 60 rounds",
     "dispfl_fmnist": "Fashion-MNIST and a small CNN for CIFAR and ResNet-18; 20 clients, not 100; far fewer rounds",
-    "perfedmask_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 100 rounds",
-    "perfedmask_fmnist_c1": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 25 rounds",
+    "perfedmask_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 50 rounds",
+    "perfedmask_fmnist_c1": "Fashion-MNIST and LeNet for CIFAR-10 and PreResNet-18; 100 images a device; 20 rounds",
     "fedl2p_fmnist": "Fashion-MNIST (and its corruptions) and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, "
                      "40 meta rounds, not 500",
     "fedl2p_table1": "Fashion-MNIST and LeNet-BN for CIFAR-10 and ResNet-18; 16 clients, 40 meta rounds, not 500; "
