@@ -91,3 +91,6 @@ def test_the_fmnist_study_on_a_slice_tunes_every_method_and_reports_the_authors_
     rows = check_claims([folder])
     mine = rows[rows["paper"] == "PerFedMask"]
     assert len(mine) and set(mine["margin"].dropna()) == {0.01}
+    # the cost table marks against FedAvg+FT under the label the devices' limits give it
+    caption = cost_table(folder, trials)[2]
+    assert "significantly better/worse than FedAvg+FT (weak ×0.5)" in caption and "not in this table" not in caption
