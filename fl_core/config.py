@@ -47,6 +47,7 @@ LR_SCHEDULES = ("constant", "exp", "multistep")
 MOMENTUM_SCOPES = ("epoch", "round")
 BN_STATS = ("global", "local")
 DEVICES = ("cpu", "cuda", "auto")
+PRECISIONS = ("fp32", "bf16")
 
 __all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS", "config_from_row"]
 
@@ -156,6 +157,11 @@ class RunConfig:
                                 added=True)
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples",
                           choices=WEIGHTINGS)
+    precision: str = knob("fp32", "number format of a round's forward passes: fp32, or bf16 = under torch.autocast "
+                          "to bfloat16 (weights, gradients' accumulation, updates and averaging stay float32): "
+                          "faster on a CPU with AVX-512 BF16 or AMX, run with --no-reproducible (the reproducible "
+                          "mode holds oneDNN to AVX2), or on a GPU; its results differ from fp32's",
+                          choices=PRECISIONS, added=True)
     # ---- where and how fast (not in the hash)
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)",
                                  data=True, semantic=False)

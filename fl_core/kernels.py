@@ -137,6 +137,20 @@ def machine_isa() -> str:
     return " ".join([platform.machine()] + offered)
 
 
+def slow_bf16(device) -> str | None:
+    """Why bfloat16 autocast (`precision=bf16`) would run emulated on `device`, several times slower
+    than float32 (`benchmarks/parity/fedselect.py --precision bf16`), or None: a CPU without
+    bfloat16 arithmetic (AVX-512 BF16 or AMX), or one held to AVX2 by the reproducible mode."""
+    if getattr(device, "type", str(device)) != "cpu":
+        return None
+    flags = cpu_flags() or set()
+    if not flags & {"avx512_bf16", "amx_bf16"}:
+        return f"this CPU ({machine_isa()}) has no bfloat16 arithmetic (AVX-512 BF16 or AMX)"
+    if in_effect()["onednn"] == PINS["ONEDNN_MAX_CPU_ISA"]:
+        return "the reproducible mode holds oneDNN to AVX2 (run with --no-reproducible)"
+    return None
+
+
 def pinned(state: dict[str, str]) -> bool:
     """Whether `state` (from `in_effect`) is the reproducible mode's."""
     return (state["aten"] == "AVX2" and state["mkl"] in ("COMPATIBLE", "none")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -32,14 +33,14 @@ import torch
 from .algorithms import get_algorithm
 from .algorithms.base import ClientInfo, Scored
 from .checkpoints import torch_save_atomic
-from .kernels import settle_cuda
+from .kernels import settle_cuda, slow_bf16
 from .client_state import ClientState
 from .config import ConfigError, RunConfig
 from .data import ClientData, FederatedData, load_data
 from .data.catalog import input_shape_of
 from .models import load_init_weights, resolve_model_name
 from .results import STANDARD_CLIENT_COLUMNS, client_mean, client_std
-from .training import LocalTrainer, SGDSettings, derive_seed, read_state
+from .training import LocalTrainer, SGDSettings, derive_seed, precision_scope, read_state
 
 STATE_FORMAT = 2
 NAN = float("nan")
@@ -116,6 +117,8 @@ class Simulation:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
         settle_cuda(self.device)  # the reproducible mode on a GPU (fl_core/kernels.py); nothing on the CPU
+        if config.precision == "bf16" and (why := slow_bf16(self.device)):
+            warnings.warn(f"precision=bf16 runs emulated here, several times slower than fp32: {why}", stacklevel=2)
         if config.init_weights is not None and not Path(config.init_weights).expanduser().is_file():
             raise ConfigError(f"init_weights={config.init_weights!r}: no such file")  # before loading any data
         if config.pretrained:  # a missing or mismatched pretraining fails here, before any data is loaded
@@ -159,16 +162,18 @@ class Simulation:
     def run_round(self) -> RoundResult:
         """One round in three steps: the participants train (`_train`), the communication step
         runs (`_communicate`, which says whose models it changed), and every client is scored on
-        evaluated rounds (`_client_round`; unseen clients: `_newcomer`)."""
+        evaluated rounds (`_client_round`; unseen clients: `_newcomer`), all under the `precision`
+        knob's scope (`precision_scope`)."""
         start = time.perf_counter()
         plan = self._plan(self.completed + 1)
         work = _Work.empty(len(self.clients))
-        self._train(plan, work)
-        changed = self._communicate(plan, work)
-        losses = dict(zip(work.losses, torch.stack(list(work.losses.values())).tolist())) if work.losses else {}
-        results = [self._newcomer(k, plan.rnd) if k in self.data.unseen
-                   else self._client_round(k, plan, work, k in changed, losses.get(k, NAN))
-                   for k in range(len(self.clients))]
+        with precision_scope(self.config.precision, self.device):
+            self._train(plan, work)
+            changed = self._communicate(plan, work)
+            losses = dict(zip(work.losses, torch.stack(list(work.losses.values())).tolist())) if work.losses else {}
+            results = [self._newcomer(k, plan.rnd) if k in self.data.unseen
+                       else self._client_round(k, plan, work, k in changed, losses.get(k, NAN))
+                       for k in range(len(self.clients))]
         self.completed = plan.rnd
         return RoundResult(round=plan.rnd, clients=results, seconds=time.perf_counter() - start,
                            evaluated=plan.evaluate, lr=self.config.lr_at(plan.rnd))

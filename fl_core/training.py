@@ -28,7 +28,7 @@ import os
 import platform
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from copy import deepcopy
 from dataclasses import dataclass
 
@@ -55,6 +55,19 @@ def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed from (run seed, round, client, purpose, ...): batch orders never share a stream."""
     words = [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
     return int(np.random.SeedSequence(words).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def precision_scope(precision: str, device: torch.device | str) -> AbstractContextManager:
+    """What a round runs under for the `precision` knob: bf16 = torch.autocast to bfloat16 on the
+    device's type (convolutions and matrix products in bfloat16, parameters and their updates in
+    float32); fp32 = nothing changes. Autocast's cache of cast weights is off: it would keep a
+    parameter's first bfloat16 copy for the whole round, while the trainer updates the parameters
+    in place after every batch (and points them at other clients' tensors)."""
+    if precision == "fp32":
+        return nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, cache_enabled=False)
+    raise ValueError(f"precision {precision!r}: expected fp32 or bf16")
 
 
 def batch_order(seed: int, n: int, device: torch.device | str = "cpu") -> Tensor:

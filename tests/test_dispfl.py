@@ -41,7 +41,7 @@ def test_active_count_is_constant_and_inactive_entries_are_zero():
             assert {n: int((~mask[n]).sum()) for n in mask} == counts[k]
             assert all(float(sim.clients[k].state[n][mask[n]].abs().sum()) == 0 for n in mask)
         churned += sum(c.metrics["mask_churn"] for c in result.clients)
-        assert all(c.metrics["density"] == pytest.approx(0.5, abs=0.01) for c in result.clients)
+        assert all(c.metrics["mask_density"] == pytest.approx(0.5, abs=0.01) for c in result.clients)
     assert churned > 0  # the masks did move
 
 

@@ -60,14 +60,6 @@ OVERRIDES = {  # the smallest settings that exercise each method (its own tests 
 SCENARIOS = {"half": dict(rounds=3, participation=0.5), "unseen": dict(rounds=2, unseen_clients=1)}
 
 
-def known_bug(failing: dict[str, str]) -> list:
-    """ALGORITHMS as parameters, those in `failing` (name -> the bug) marked as strict xfails."""
-    def mark(a):
-        return pytest.mark.xfail(raises=AssertionError, strict=True, reason=failing[a])
-
-    return [pytest.param(a, marks=mark(a)) if a in failing else a for a in ALGORITHMS]
-
-
 # ---------------------------------------------------------------------------- shared runs
 @pytest.fixture(scope="module")
 def pretraining(tmp_path_factory):
@@ -221,10 +213,9 @@ def test_a_method_that_misstates_what_its_broadcast_changes_fails_the_reuse_chec
 
 # ---------------------------------------------------------------------------- metric names
 RESERVED = STANDARD_CLIENT_COLUMNS | known_config_columns() | CONFIG_EXTRA_COLUMNS | ROW_CONTEXT_COLUMNS
-DENSITY = "bug: DisPFL reports a metric `density`, the name of its own knob (the row's density column is overwritten)"
 
 
-@pytest.mark.parametrize("algorithm", known_bug({"dispfl": DENSITY}))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_reported_metrics_clash_with_no_column_or_knob(algorithm, runs):
     names = {name for scenario in SCENARIOS for r in runs(algorithm, scenario)[1] for c in r.clients
              for name in c.metrics}

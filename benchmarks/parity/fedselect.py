@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.fixtures import random_federated
+from benchmarks.fixtures import machine_caption, random_federated, write_report
 from benchmarks.parity.report import ReplayLoader, Round, print_summary, save
 from benchmarks.round_overhead import pure_compute
 from fl_core.client_state import PackedMask
@@ -223,7 +223,7 @@ def run_seed(ref, knobs: dict, seed: int, opts) -> list[dict]:
     shape = RANDOM_SHAPE.get(opts.setting)
     data = random_federated(knobs["num_clients"], shape, knobs["samples_per_client"], 100, seed=seed) if shape else None
     config = RunConfig(algorithm="fedselect", fedselect_mode="faithful", seed=seed, threads=opts.threads,
-                       data_root=opts.data_root, weighting=opts.weighting,
+                       data_root=opts.data_root, weighting=opts.weighting, precision=opts.precision,
                        eval_models="acc" if opts.timing else "all", **knobs)
     sim = Simulation(config, data=data)
     if opts.timing:
@@ -311,24 +311,31 @@ def time_seed(ref, knobs: dict, seed: int, opts, sim: Simulation) -> list[dict]:
     return rows
 
 
-def time_summary(runs: dict[int, list[dict]], first: int) -> None:
-    """Two views: the mean over rounds 1-4 (how issue 24 measured it), and medians over the rounds
-    from `first`, the first with personal entries to train. Before it ours skips the personal
-    pass (the reference runs it on an empty mask), so only the later rounds compare the same work."""
+def time_summary(runs: dict[int, list[dict]], first: int) -> list[str]:
+    """Two views, printed and returned as a Markdown table: the mean over rounds 1-4 (how issue 24
+    measured it), and medians over the rounds from `first`, the first with personal entries to
+    train. Before it ours skips the personal pass (the reference runs it on an empty mask), so only
+    the later rounds compare the same work."""
     early = [r for rs in runs.values() for r in rs if r["round"] <= 4]  # issue 24's measure: mean of rounds 1-4
-    mean = {who: float(np.mean([r[f"{who}_s"] for r in early])) for who in ("ours", "theirs", "pure")}
-    print(f"\nmean seconds per round over rounds 1-4 (issue 24's measure): ours {mean['ours']:.2f}, reference "
-          f"{mean['theirs']:.2f}, pure {mean['pure']:.2f}; reference / ours {mean['theirs'] / mean['ours']:.2f}")
     rows = [r for rs in runs.values() for r in rs if r["round"] >= first]
     if not rows:
         raise SystemExit(f"no round from round {first} on: give --rounds {first} or more")
-    med = {who: float(np.median([r[f"{who}_s"] for r in rows])) for who in ("ours", "theirs", "pure")}
-    print(f"seconds per round, median of rounds {first}+ ({len(rows)} rounds): ours {med['ours']:.2f}, "
-          f"reference {med['theirs']:.2f}, pure {med['pure']:.2f}")
-    print(f"  reference / ours {np.median([r['theirs_s'] / r['ours_s'] for r in rows]):.2f}, "
-          f"ours / pure {np.median([r['ours_s'] / r['pure_s'] for r in rows]):.2f}, "
-          f"reference / pure {np.median([r['theirs_s'] / r['pure_s'] for r in rows]):.2f} "
-          f"(medians of the rounds' ratios)")
+    views = [("mean of rounds 1-4", {w: float(np.mean([r[f"{w}_s"] for r in early])) for w in WHO}, None),
+             (f"median of rounds {first}+ ({len(rows)} rounds)", {w: float(np.median([r[f"{w}_s"] for r in rows]))
+                                                               for w in WHO}, rows)]
+    lines = ["| rounds | ours s | reference s | pure s | reference / ours (target ≥ 2 on ResNet-18) | ours / pure | "
+             "reference / pure |", "|---|---|---|---|---|---|---|"]
+    for name, sec, per_round in views:
+        # the later view: medians of the rounds' ratios; the early one: ratios of the means
+        ratio = (lambda a, b: float(np.median([r[f"{a}_s"] / r[f"{b}_s"] for r in per_round]))) if per_round \
+            else (lambda a, b: sec[a] / sec[b])
+        lines.append(f"| {name} | {sec['ours']:.2f} | {sec['theirs']:.2f} | {sec['pure']:.2f} | "
+                     f"{ratio('theirs', 'ours'):.2f} | {ratio('ours', 'pure'):.2f} | {ratio('theirs', 'pure'):.2f} |")
+    print("\n" + "\n".join(lines))
+    return lines
+
+
+WHO = ("ours", "theirs", "pure")
 
 
 def summary(runs: dict[int, list[dict]]) -> None:
@@ -363,6 +370,10 @@ def main() -> None:
                         help="ours: uniform = the reference's sum / count; samples = weights n_k / n (1/K here: "
                              "the same mean, rounded differently)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="ours only (the reference and the pure compute stay float32): bf16 = our rounds under "
+                             "bfloat16 autocast (the precision knob)")
+    parser.add_argument("--out", type=Path, default=None, help="--timing: also write its summary here (Markdown)")
     parser.add_argument("--json", type=Path, default=None,
                         help="write every round's numbers here (benchmarks/parity/report.py)")
     parser.add_argument("--pins", action="store_true", help="print the numbers tests/test_parity_fedselect.py pins")
@@ -381,7 +392,9 @@ def main() -> None:
     finally:
         torch.cuda.is_available = real_cuda_check
     if opts.timing:
-        time_summary(runs, first=knobs["mask_every"] + 2)  # the mask grows in round mask_every + 1, used from the next
+        lines = time_summary(runs, first=knobs["mask_every"] + 2)  # the mask grows in round mask_every + 1
+        write_report(opts.out, lines, f"`{' '.join(['python -m benchmarks.parity.fedselect', *sys.argv[1:]])}`, "
+                     f"ours in {opts.precision}. {machine_caption()}.")
         return
     summary(runs)
     rounds = {seed: [Round(r["round"], float(np.mean(r["ours"])), float(np.mean(r["theirs"])), r["ours_s"],

@@ -26,7 +26,8 @@ the complement: True = inactive, zero, never sent). A round, for each active cli
      local (they are buffers, not parameters).
 Traffic: a client sends its active entries (4 bytes each) plus its mask (1 bit per entry of
 every masked tensor) to each client that pulls from it; up and down are counted per client.
-Per client and round it also reports `density`, `mask_churn` (share of entries whose mask
+Per client and round it also reports `mask_density` (share of active entries; named apart from
+the `density` knob, whose column it overwrote before), `mask_churn` (share of entries whose mask
 changed) and `train_gflops` / `train_gflops_dense` (fl_core/flops.py).
 
 Masks cover every parameter tensor; ERK makes the 1-D ones (biases, BN weights) dense [C:
@@ -124,7 +125,7 @@ class DisPFL(DPSGD):
         new = old if self.params.static_masks else self.search_mask(k, client, data, rnd, old)
         client.extra.next_mask = new
         entries = sum(m.numel() for m in old.values())
-        stats.metrics = {"density": 1 - sum(count_nonzero(m) for m in new.values()) / entries,
+        stats.metrics = {"mask_density": 1 - sum(count_nonzero(m) for m in new.values()) / entries,
                          "mask_churn": hamming(old, new) / entries} | self.training_gflops(old, data)
         return stats
 
