@@ -27,7 +27,8 @@ def test_dispfl_study_runs_with_its_anchors_and_writes_the_traffic_outputs(ray_c
     assert (trials.status == "COMPLETED").all()
     rounds = read_rounds(folder)
     sparse = rounds[rounds.algorithm == "dispfl"]
-    assert sparse["mask_density"].between(0.45, 0.55).all() and sparse["density"].eq(0.5).all() and sparse["train_gflops"].gt(0).all()
+    assert sparse["mask_density"].between(0.45, 0.55).all() and sparse["density"].eq(0.5).all()
+    assert sparse["train_gflops"].gt(0).all()
     # DisPFL sends about half of what D-PSGD sends over the same kind of graph (plus mask bits)
     sent = rounds.groupby("algorithm").bytes_up.sum()
     assert 0.4 < sent["dispfl"] / sent["dpsgd"] < 0.7
