@@ -158,10 +158,10 @@ class RunConfig:
     weighting: str = knob("uniform", "averaging weights: uniform over clients or by training samples",
                           choices=WEIGHTINGS)
     precision: str = knob("fp32", "number format of a round's forward passes: fp32, or bf16 = under torch.autocast "
-                          "to bfloat16 (weights, gradients' accumulation, updates and averaging stay float32): "
-                          "faster on a CPU with AVX-512 BF16 or AMX, run with --no-reproducible (the reproducible "
-                          "mode holds oneDNN to AVX2), or on a GPU; its results differ from fp32's",
-                          choices=PRECISIONS, added=True)
+                          "to bfloat16 (weights, updates and averaging stay float32; results differ from fp32's), "
+                          "meant for a GPU or a CPU with bfloat16 arithmetic (AVX-512 BF16, AMX; with "
+                          "--no-reproducible, as the reproducible mode holds oneDNN to AVX2); elsewhere emulated, "
+                          "many times slower", choices=PRECISIONS, added=True)
     # ---- where and how fast (not in the hash)
     data_root: str | None = knob(None, "folder with torchvision-layout data (default: $FL_DATA_ROOT or ./data)",
                                  data=True, semantic=False)
