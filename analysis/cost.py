@@ -43,6 +43,8 @@ def reference_label(chosen: pd.DataFrame) -> tuple[str, ...]:
     names it "FedAvg+FT (weak ×0.5)"), or its plain name where it did not run."""
     labels = sorted(set(chosen.loc[chosen["algorithm"] == REFERENCE, "method"]))
     return tuple(labels[:1]) or ("FedAvg+FT",)
+
+
 PARTS = {"Before FT": "acc_global", "After FT": "acc"}  # column part -> the accuracy it reports
 # HeteroFL and Split-Mix under score_width = "full" (the PerFedMask authors' scoring): "After FT" is
 # the full-width model; each device's own fine-tuned sub-model is this part (acc_device), untested

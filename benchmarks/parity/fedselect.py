@@ -311,6 +311,9 @@ def time_seed(ref, knobs: dict, seed: int, opts, sim: Simulation) -> list[dict]:
     return rows
 
 
+WHO = ("ours", "theirs", "pure")   # the three timed sides of a round
+
+
 def time_summary(runs: dict[int, list[dict]], first: int) -> list[str]:
     """Two views, printed and returned as a Markdown table: the mean over rounds 1-4 (how issue 24
     measured it), and medians over the rounds from `first`, the first with personal entries to
@@ -333,9 +336,6 @@ def time_summary(runs: dict[int, list[dict]], first: int) -> list[str]:
                      f"{ratio('theirs', 'ours'):.2f} | {ratio('ours', 'pure'):.2f} | {ratio('theirs', 'pure'):.2f} |")
     print("\n" + "\n".join(lines))
     return lines
-
-
-WHO = ("ours", "theirs", "pure")
 
 
 def summary(runs: dict[int, list[dict]]) -> None:
