@@ -116,8 +116,11 @@ def overhead(model: str, clients: int, threads: int, dataset: str, repeats: int)
 
 def peak_rss_mode(kind: str, model: str, clients: int, threads: int) -> None:
     """Subprocess body: two FedSelect rounds, or (`pure`) the same compute on one model and the
-    data alone; prints the peak RSS in bytes."""
-    if kind == "ours":
+    data alone; prints the peak RSS in bytes. `ours-worker` first imports what a sweep's trial
+    worker imports beside the engine (Ray, Tune, pandas: sweeps.trainable)."""
+    if kind == "ours-worker":
+        import sweeps.trainable  # noqa: F401  (its imports are the point)
+    if kind in ("ours", "ours-worker"):
         sim = make_sim(model, clients, threads, "random-cifar", rounds=2)
         sim.run_round()
         sim.run_round()
@@ -160,7 +163,9 @@ def memory_report(threads: int, out: Path | None = None) -> list[str]:
     Run it while this process is small: Linux carries a parent's RSS at fork into the child's
     getrusage peak, so a child started later would report at least this process's size."""
     workers, preload = allocator_env()
-    cases = {f"ours, as a sweep's trial runs ({workers})": ("ours", preload, "<= 1.5"),
+    cases = {f"ours, the engine as a sweep's trial runs it ({workers})": ("ours", preload, "<= 1.5"),
+             f"the same, beside a trial worker's own imports (Ray, Tune, pandas; {workers})":
+                 ("ours-worker", preload, ""),
              "ours, glibc's malloc as `tune_malloc` sets it": ("ours", {}, ""),
              "ours, glibc's malloc untuned": ("ours", {"FL_CORE_MALLOC_TUNING": "0"}, ""),
              f"the pure compute, alone ({workers})": ("pure", preload, "")}
@@ -231,7 +236,7 @@ def main() -> None:
     parser.add_argument("--lenet-repeats", type=int, default=3, help="--all: timed LeNet rounds per client count")
     parser.add_argument("--memory", action="store_true", help="only the peak RSS rows of --all")
     parser.add_argument("--out", type=Path, default=None, help="--memory: also write its table (Markdown) here")
-    parser.add_argument("--rss", choices=["ours", "pure"], help=argparse.SUPPRESS)  # subprocess of --all
+    parser.add_argument("--rss", choices=["ours", "ours-worker", "pure"], help=argparse.SUPPRESS)  # subprocess of --all
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is piped
     torch.set_num_threads(args.threads)

@@ -5,8 +5,8 @@ BatchNorm for feature shift (FedBN, PerFedMask).
 |-----------------|-----------------------------------------------------------------|
 | lenet           | LeNet-5 style: 2 conv (6, 16 channels) + 3 linear; default for 8x8 and 28x28 |
 | cnn2            | the FedAvg paper's CNN: 2 conv (32, 64) + 512-unit linear; default for 32x32 |
-| resnet18_cifar  | torchvision ResNet-18 with a 3x3 stride-1 stem and no max-pool (CIFAR stem) |
-| resnet18        | torchvision ResNet-18 as is (ImageNet stem: 7x7 stride 2 + max-pool)        |
+| resnet18_cifar  | ResNet-18 (torchvision's, built here) with a 3x3 stride-1 stem and no max-pool (CIFAR stem) |
+| resnet18        | ResNet-18 as torchvision's (ImageNet stem: 7x7 stride 2 + max-pool)         |
 | cnn_bn          | cnn2 with BatchNorm after each conv (8x8, 28x28, 32x32)                     |
 | lenet_bn        | lenet with BatchNorm after each conv: the fastest BN model (feature-shift study) |
 | preresnet18     | pre-activation ResNet-18 of PerFedMask's CIFAR experiments (after HeteroFL) |
@@ -296,16 +296,69 @@ class MobileNetCIFAR(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
-def _resnet18(in_channels: int, num_classes: int, cifar_stem: bool) -> nn.Module:
-    from torchvision.models import resnet18  # local import: torchvision is slow to import
+class BasicBlock(nn.Module):
+    """He et al. 2016's basic residual block: 3x3 conv, BN, ReLU, 3x3 conv, BN, plus the block's
+    input (through `downsample`, a strided 1x1 conv + BN, where the shape changes), then ReLU.
+    Module names as torchvision's, so that state dicts of the two are interchangeable."""
 
-    model = resnet18(weights=None, num_classes=num_classes)
-    if cifar_stem:
-        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()
-    elif in_channels != 3:
-        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-    return model
+    def __init__(self, in_planes: int, planes: int, stride: int, downsample: nn.Module | None) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 (He et al. 2016), built here rather than imported: importing torchvision costs
+    every process that builds it ~160 MB of resident memory (its C++ operators and the libraries
+    they load), the largest part of the gap to the 10-client memory target in
+    docs/performance.md. Identical to `torchvision.models.resnet18(weights=None)` for the same
+    random state, parameter for parameter and bit for bit (tests/test_models.py checks it): the
+    same modules in the same order, each constructed when torchvision constructs it (a stage's
+    shortcut before its first block), so that every random draw lands where torchvision's does;
+    then the convolutions re-drawn by Kaiming's normal rule (fan-out, ReLU gain) and BatchNorm at
+    weight 1, bias 0. The CIFAR stem (a 3x3 stride-1 conv, no max-pool) and a stem for other than
+    3 input channels replace `conv1` afterwards with a freshly drawn default-initialised conv, as
+    the torchvision-based model before it did."""
+
+    def __init__(self, in_channels: int, num_classes: int, cifar_stem: bool) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        planes = 64
+        for i, (width, stride) in enumerate(((64, 1), (128, 2), (256, 2), (512, 2)), start=1):
+            shortcut = (nn.Sequential(nn.Conv2d(planes, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width))
+                        if stride != 1 or planes != width else None)
+            first = BasicBlock(planes, width, stride, shortcut)
+            setattr(self, f"layer{i}", nn.Sequential(first, BasicBlock(width, width, 1, None)))
+            planes = width
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        if cifar_stem:
+            self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
+        elif in_channels != 3:
+            self.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        return self.fc(torch.flatten(self.avgpool(out), 1))
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: float = 1.0) -> nn.Module:
@@ -325,9 +378,9 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     if name == "cnn2":
         return CNN2(channels, num_classes, height, width)
     if name == "resnet18_cifar":
-        return _resnet18(channels, num_classes, cifar_stem=True)
+        return ResNet18(channels, num_classes, cifar_stem=True)
     if name == "resnet18":
-        return _resnet18(channels, num_classes, cifar_stem=False)
+        return ResNet18(channels, num_classes, cifar_stem=False)
     if name == "cnn_bn":
         return CNNBN(channels, num_classes, height, width)
     if name == "lenet_bn":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy import ndimage
 from torch.nn import functional as F
 
 F32 = np.float32
@@ -30,6 +29,8 @@ def _gauss(x, sigma, mode="nearest", truncate=4.0):
     """Gaussian blur over the two image axes of an (N, H, W[, C]) array."""
     if sigma <= 0:
         return x
+    from scipy import ndimage  # here, not at import: scipy adds ~20 MB to every process that loads the catalog
+
     sig = (0, sigma, sigma) + ((0,) if x.ndim == 4 else ())
     return ndimage.gaussian_filter(x, sig, mode=mode, truncate=truncate)
 
@@ -173,6 +174,8 @@ def defocus_blur(x, s, rng):
     disk = (xx ** 2 + yy ** 2 <= radius ** 2).astype(np.float64)
     disk /= disk.sum()
     g = np.exp(-np.arange(-1, 2) ** 2 / (2 * alias ** 2))
+    from scipy import ndimage
+
     kernel = ndimage.correlate(disk, np.outer(g, g) / g.sum() ** 2, mode="mirror")
     keep = np.flatnonzero(kernel.any(0))  # symmetric: the same support on both axes
     kernel = kernel[keep[0]:keep[-1] + 1, keep[0]:keep[-1] + 1]
@@ -251,6 +254,8 @@ def spatter(x, s, rng):
         return x * (1 - m) + m * _grey_of((63 / 255, 42 / 255, 20 / 255), c)
     # Water: distance to the drop outlines, truncated at 20 px, box-blurred, equalised, embossed.
     wet = liquid > 0
+    from scipy import ndimage
+
     edges = wet & ~ndimage.binary_erosion(wet, structure=_CROSS)  # outline (for Canny)
     dist = _chamfer(edges)
     box = np.full((3, 3), 1 / 9, F32)
@@ -264,7 +269,9 @@ def spatter(x, s, rng):
     return x + m[..., None] * _grey_of((175 / 255, 238 / 255, 238 / 255), c)
 
 
-_CROSS = ndimage.generate_binary_structure(3, 1) & np.array([0, 1, 0], bool)[:, None, None]
+# The 4-neighbourhood in each image's own plane (no neighbour across the batch axis).
+_CROSS = np.zeros((3, 3, 3), bool)
+_CROSS[1] = [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
 
 
 def _chamfer(edges):
