@@ -10,8 +10,9 @@ updates, GradSelect, masked averaging, broadcast. Target: ratio <= 1.15.
   1. round time / pure-compute limit for ResNet-18 (ImageNet stem) and cnn2 on CIFAR-shaped
      random data (3x32x32; no download needed)                                   target <= 1.15
   2. peak RSS of 10 ResNet-18 clients (fresh subprocess per measurement, getrusage) under the
-     allocator a sweep's trial workers run with (sweeps/allocator.py), and under glibc's malloc,
-     tuned and untuned                                                           target <= 1.5 GB
+     allocator a sweep's trial workers run with (sweeps/allocator.py), also beside the modules a
+     trial worker imports (Ray, Tune, pandas), and under glibc's malloc, tuned and untuned
+                                                                                 target <= 1.5 GB
   3. bytes a FedSelect client holds between rounds / (model bytes + bit-packed masks) <= 1.2
   4. seconds per client per round for 10/100/1000 LeNet clients on digits-sized data; the
      1000-vs-100 ratio                                                            target <= 1.10

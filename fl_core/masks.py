@@ -155,8 +155,10 @@ def select_largest(delta: Tensor, personal: Tensor, count: int, include_ties: bo
     if delta.dtype != torch.float32 or delta.numel() < RADIX_MIN_NUMEL:
         return select_largest_reference(delta, personal, count, include_ties)
     # Personal entries score 0, the lowest |delta|: as count <= free, the count-th largest score
-    # is the same as among the global entries alone; only ties at 0 need them excluded.
-    keys = delta.detach().reshape(-1).abs().masked_fill_(flat_personal, 0.0).view(torch.int32)
+    # is the same as among the global entries alone; only ties at 0 need them excluded. |delta|'s
+    # bits are delta's with the sign bit cleared, and an integer product with the global flags
+    # zeroes the personal ones: half the time of `abs` and `masked_fill_` on a ResNet's tensors.
+    keys = delta.detach().reshape(-1).view(torch.int32).bitwise_and(0x7FFFFFFF).mul_(flat_personal.logical_not())
     nonzero = count_nonzero(keys)
     if nonzero <= count:  # the cut-off is 0 (often: taps without gradient), no search needed
         chosen = keys > 0

@@ -199,7 +199,7 @@ class FedSelect(Algorithm):
         if variant == "random":
             generator = torch.Generator().manual_seed(derive_seed(self.config.seed, rnd, k, name, "random"))
             return torch.rand(delta.shape, generator=generator).to(delta.device)
-        return delta.abs()
+        return delta.abs_()  # `delta` is grad_select's own difference
 
     @staticmethod
     def apply_next_mask(client: ClientState) -> None:
