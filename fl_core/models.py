@@ -320,7 +320,7 @@ class ResNet18(nn.Module):
     every process that builds it ~160 MB of resident memory (its C++ operators and the libraries
     they load), the largest part of the gap to the 10-client memory target in
     docs/performance.md. Identical to `torchvision.models.resnet18(weights=None)` for the same
-    random state, parameter for parameter and bit for bit (tests/test_models.py checks it): the
+    random state, parameter for parameter and bit for bit (tests/test_resnet.py checks it): the
     same modules in the same order, each constructed when torchvision constructs it (a stage's
     shortcut before its first block), so that every random draw lands where torchvision's does;
     then the convolutions re-drawn by Kaiming's normal rule (fan-out, ReLU gain) and BatchNorm at

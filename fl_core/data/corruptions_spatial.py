@@ -29,7 +29,7 @@ def _gauss(x, sigma, mode="nearest", truncate=4.0):
     """Gaussian blur over the two image axes of an (N, H, W[, C]) array."""
     if sigma <= 0:
         return x
-    from scipy import ndimage  # here, not at import: scipy adds ~20 MB to every process that loads the catalog
+    from scipy import ndimage  # here, not at import: scipy adds ~15 MB to every process that loads the catalog
 
     sig = (0, sigma, sigma) + ((0,) if x.ndim == 4 else ())
     return ndimage.gaussian_filter(x, sig, mode=mode, truncate=truncate)
