@@ -11,7 +11,7 @@ updates, GradSelect, masked averaging, broadcast. Target: ratio <= 1.15.
      random data (3x32x32; no download needed)                                   target <= 1.15
   2. peak RSS of 10 ResNet-18 clients (fresh subprocess per measurement, getrusage) under the
      allocator a sweep's trial workers run with (sweeps/allocator.py), also beside the modules a
-     trial worker imports (Ray, Tune, pandas), and under glibc's malloc, tuned and untuned
+     trial worker imports (Ray and Tune), and under glibc's malloc, tuned and untuned
                                                                                  target <= 1.5 GB
   3. bytes a FedSelect client holds between rounds / (model bytes + bit-packed masks) <= 1.2
   4. seconds per client per round for 10/100/1000 LeNet clients on digits-sized data; the
@@ -118,7 +118,7 @@ def overhead(model: str, clients: int, threads: int, dataset: str, repeats: int)
 def peak_rss_mode(kind: str, model: str, clients: int, threads: int) -> None:
     """Subprocess body: two FedSelect rounds, or (`pure`) the same compute on one model and the
     data alone; prints the peak RSS in bytes. `ours-worker` first imports what a sweep's trial
-    worker imports beside the engine (Ray, Tune, pandas: sweeps.trainable)."""
+    worker imports beside the engine (Ray and Tune, through sweeps.trainable)."""
     if kind == "ours-worker":
         import sweeps.trainable  # noqa: F401  (its imports are the point)
     if kind in ("ours", "ours-worker"):
@@ -165,7 +165,7 @@ def memory_report(threads: int, out: Path | None = None) -> list[str]:
     getrusage peak, so a child started later would report at least this process's size."""
     workers, preload = allocator_env()
     cases = {f"ours, the engine as a sweep's trial runs it ({workers})": ("ours", preload, "<= 1.5"),
-             f"the same, beside a trial worker's own imports (Ray, Tune, pandas; {workers})":
+             f"the same, beside a trial worker's own imports (Ray and Tune; {workers})":
                  ("ours-worker", preload, ""),
              "ours, glibc's malloc as `tune_malloc` sets it": ("ours", {}, ""),
              "ours, glibc's malloc untuned": ("ours", {"FL_CORE_MALLOC_TUNING": "0"}, ""),
