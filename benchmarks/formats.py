@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -41,6 +40,7 @@ from torch.nn import functional as F
 
 from benchmarks.fixtures import machine_caption, write_report
 from fl_core.models import build_model, resolve_model_name
+from fl_core.training import precision_scope
 
 SHAPES = {"lenet": (1, 28, 28), "cnn2": (3, 32, 32), "resnet18": (3, 32, 32)}
 VARIANTS = ("channels-last", "bf16", "compiled")
@@ -63,8 +63,8 @@ class Side:
         return x.contiguous(memory_format=torch.channels_last) if self.variant == "channels-last" else x
 
     def scope(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False) if self.variant == "bf16" \
-            else nullcontext()
+        """The engine's own scope for the `precision` knob (bf16 autocast on the bf16 side)."""
+        return precision_scope("bf16" if self.variant == "bf16" else "fp32", "cpu")
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model.train()

@@ -51,7 +51,7 @@ from benchmarks.fixtures import machine_caption, random_federated, write_report
 from benchmarks.parity.report import ReplayLoader, Round, print_summary, save
 from benchmarks.round_overhead import pure_compute
 from fl_core.client_state import PackedMask
-from fl_core.config import RunConfig
+from fl_core.config import PRECISIONS, RunConfig
 from fl_core.models import build_model
 from fl_core.simulation import Simulation
 
@@ -370,7 +370,7 @@ def main() -> None:
                         help="ours: uniform = the reference's sum / count; samples = weights n_k / n (1/K here: "
                              "the same mean, rounded differently)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both run in this process)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="ours only (the reference and the pure compute stay float32): bf16 = our rounds under "
                              "bfloat16 autocast (the precision knob)")
     parser.add_argument("--out", type=Path, default=None, help="--timing: also write its summary here (Markdown)")
