@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fl_core.config import ALGORITHMS, COMMON_KNOBS, NON_SEMANTIC, knob_owners
-from fl_core.results import KNOB_SYMBOLS, across_seeds, summarize_trial
+from fl_core.config import ALGORITHMS, NON_SEMANTIC
+from fl_core.results import KNOB_SYMBOLS, across_seeds, knob_columns, summarize_trial
 
 from .load import labelled
 from .load import unfinished as unfinished_trials
@@ -140,17 +140,22 @@ def trial_curves(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
 
 
-def config_knobs(columns) -> list[str]:
-    """The columns among `columns` that are knobs of a run (common or a method's) and change its
-    results, but the seed and `pretrained` (a two-stage study pretrains once per seed: the
-    pretraining's hash changes with the seed as the seed does)."""
-    return [c for c in columns if (c in COMMON_KNOBS or c in knob_owners()) and c not in NON_SEMANTIC
-            and c not in ("seed", "pretrained")]
+def config_knobs(trials: pd.DataFrame) -> list[str]:
+    """The columns of `trials` that are knobs of a run (common or a method's, a method outside the
+    registry included: `fl_core.results.knob_columns`) and change its results, but the seed and
+    `pretrained` (a two-stage study pretrains once per seed: the pretraining's hash changes with
+    the seed as the seed does)."""
+    if not isinstance(trials, pd.DataFrame):
+        raise TypeError("config_knobs takes the rows (a DataFrame): a method outside the registry names its "
+                        "knobs in their `method_knobs` column")
+    return [c for c in knob_columns(trials) if c not in NON_SEMANTIC and c not in ("seed", "pretrained")]
 
 
 def config_keys(trials: pd.DataFrame) -> pd.Series:
     """A key per trial shared by the seeds of one configuration: its knob values but the seed."""
-    return trials[config_knobs(trials.columns)].astype(object).map(str).agg("|".join, axis=1)
+    if trials.empty:
+        return pd.Series(index=trials.index, dtype=object)
+    return trials[config_knobs(trials)].astype(object).map(str).agg("|".join, axis=1)
 
 
 VALIDATED, DECLARED = "validation", "declared"
@@ -205,7 +210,7 @@ def chosen_trials(trials: pd.DataFrame) -> pd.DataFrame:
     summary all choose with this one rule."""
     trials = trials[trials["acc_mean"].notna()].drop_duplicates("config_hash", keep="last").copy()
     trials["config_key"] = config_keys(trials)
-    knobs = config_knobs(trials.columns)
+    knobs = config_knobs(trials)
     chosen = {cell: chosen_key(part, knobs) for cell, part in trials.groupby(["setting", "method"], sort=False)}
     keep = [chosen.get((setting, method)) == key
             for setting, method, key in zip(trials["setting"], trials["method"], trials["config_key"])]
@@ -242,7 +247,7 @@ def chosen_labels(trials: pd.DataFrame, chosen: pd.DataFrame | None = None) -> d
     chosen = chosen_trials(trials) if chosen is None else chosen
     for (setting, method), rows in chosen.groupby(["setting", "method"], sort=False):
         mine = trials[(trials["setting"] == setting) & (trials["method"] == method)]
-        varying = [k for k in config_knobs(mine.columns) if mine[k].astype(str).nunique() > 1]
+        varying = [k for k in config_knobs(mine) if mine[k].astype(str).nunique() > 1]
         first = rows.iloc[0]
         labels[(setting, method)] = f"{method} ({knob_text(varying, tuple(first[k] for k in varying))})" if varying \
             else method

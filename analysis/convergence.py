@@ -85,7 +85,7 @@ def _varying_knobs(trials: pd.DataFrame) -> pd.Series:
     """Per trial, the knobs (k=v) that tell its configuration apart from the others of its (setting,
     method); "" where the method has one configuration in the setting."""
 
-    knobs = [k for k in config_knobs(trials.columns) if k not in ("algorithm",)]
+    knobs = [k for k in config_knobs(trials) if k not in ("algorithm",)]
     text = pd.Series("", index=trials.index, dtype=object)
     for _, group in trials.groupby(["setting", "method"], sort=False):
         varying = [k for k in knobs if group[k].astype(str).nunique() > 1]

@@ -105,7 +105,7 @@ def pretraining_labels(trials: pd.DataFrame) -> pd.Series:
 def _config_key(trials: pd.DataFrame) -> pd.Series:
     """A key shared by the seeds of one configuration: its knobs but the seed and the pretrained
     model (each seed has its own)."""
-    knobs = [k for k in config_knobs(trials.columns) if k != "init_weights"]
+    knobs = [k for k in config_knobs(trials) if k != "init_weights"]
     return trials[knobs].astype(object).map(str).agg("|".join, axis=1)
 
 
@@ -124,7 +124,7 @@ def study_trials(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     done["config_key"] = _config_key(done)
     done = done.astype({"rounds": int, "ft_epochs": int})  # whole numbers, also where Parquet read floats
     cell = ["setting", "pretraining", "rounds", "ft_epochs", "method"]
-    knobs = config_knobs(done.columns)
+    knobs = config_knobs(done)
     keep = pd.Series(False, index=done.index)
     for _, group in done.groupby(cell, dropna=False, sort=False):  # chosen without test data, as every table
         keep[group.index] = group["config_key"] == chosen_key(group, knobs)

@@ -48,7 +48,7 @@ def cell_columns(trials: pd.DataFrame) -> list[str]:
 def searched_knobs(select_rows: pd.DataFrame, cells=("setting",)) -> list[str]:
     """The knobs that vary among the select rows of some cell (never a data knob, the seed or a
     column of the cell)."""
-    knobs = [k for k in config_knobs(select_rows.columns) if k not in DATA_KNOBS and k not in cells]
+    knobs = [k for k in config_knobs(select_rows) if k not in DATA_KNOBS and k not in cells]
     if select_rows.empty or not knobs:
         return []
     shown = select_rows[knobs].astype(str).assign(**{c: select_rows[c] for c in cells})
@@ -161,7 +161,7 @@ def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
     if len(set(index)) < len(index):  # several methods searched per setting (`tune`): a row each
         index = [f"{label} / {_text(method)}" for label, method in zip(index, df["method"])]
     text = pd.DataFrame({"method": [_text(m) for m in df["method"]]}, index=index)
-    for knob in [k for k in config_knobs(df.columns) if k not in cells]:
+    for knob in [k for k in config_knobs(df) if k not in cells]:
         text[NAMES.get(knob, knob)] = [_text(v, ".3g", 1.0) for v in df[knob]]
     text[f"{'val.' if objective == 'acc_val_mean' else 'test'} s{seed}"] = [_text(v) for v in df["objective_value"]]
     text[f"test s{seed}"] = [_text(v) for v in df["select_acc"]]

@@ -134,7 +134,7 @@ def _one_configuration(trials: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if not mixed:
         return trials, []
     chosen = set(chosen_trials(trials)["config_hash"])
-    knobs = [k for k in config_knobs(trials.columns) if k != "algorithm"]
+    knobs = [k for k in config_knobs(trials) if k != "algorithm"]
     keep = pd.Series(True, index=trials.index)
     said: dict[tuple, list[str]] = {}
     for (method, setting), cell in mixed:

@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,8 @@ BN_STATS = ("global", "local")
 DEVICES = ("cpu", "cuda", "auto")
 PRECISIONS = ("fp32", "bf16")
 
-__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS", "config_from_row"]
+__all__ = ["RunConfig", "ConfigError", "ALGORITHMS", "NON_SEMANTIC", "DATA_KNOBS", "COMMON_KNOBS", "config_from_row",
+           "method_knob_owners"]
 
 
 @dataclass(frozen=True, init=False)
@@ -404,21 +405,39 @@ def knob_owners() -> dict[str, list[str]]:
     return owners
 
 
+def method_knob_owners(algorithms: Iterable[str] = ()) -> dict[str, list[str]]:
+    """`knob_owners()` with the knobs of the methods outside the registry among `algorithms`
+    (`package.module:Class`, imported here): what a study or a command line that runs them
+    accepts, as it accepts a registered method's."""
+    owners = {name: list(methods) for name, methods in knob_owners().items()}
+    for algorithm in dict.fromkeys(a for a in algorithms if is_external(a)):
+        try:
+            params = params_class(algorithm)
+        except KeyError as err:  # not importable here: the one error, before any work
+            raise ConfigError(err.args[0]) from None
+        for f in knob_fields(params):
+            owners.setdefault(f.name, []).append(algorithm)
+    return owners
+
+
 def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ...] = (),
-                      defaults: dict[str, Any] | None = None, only_given: bool = False, wrap_type: Any = None) -> None:
+                      defaults: dict[str, Any] | None = None, only_given: bool = False, wrap_type: Any = None,
+                      external: Sequence[str] = ()) -> None:
     """Every knob as a flag, generated from the declarations: a group of common knobs, then one
     group per method. Method flags are only passed on when given (a run never carries another
     method's knobs; giving one is a ConfigError naming its owner). A knob several methods
     declare (e.g. ft_epochs) appears once, in the first method's group. Used by `python -m
     fl_core` and by every study (which `skip` the knobs they define as swept axes). `only_given`:
     common flags too are passed on only when given (a study file holds the defaults, shown in
-    `defaults`); `wrap_type`: see `add_knob_arguments`."""
+    `defaults`); `wrap_type`: see `add_knob_arguments`; `external`: methods outside the registry
+    (`package.module:Class`) whose knobs get flags too, named like a registered method's."""
     common = parser.add_argument_group("run (common knobs)")
     add_knob_arguments(common, RunConfig, skip=skip, many=many, defaults=defaults, suppress_defaults=only_given,
                        wrap_type=wrap_type)
     seen = set(skip)
-    owners = knob_owners()
-    for algorithm in ALGORITHMS:
+    external = tuple(dict.fromkeys(a for a in external if is_external(a)))
+    owners = method_knob_owners(external)
+    for algorithm in (*ALGORITHMS, *external):
         cls = params_class(algorithm)
         if hasattr(parser, "method_knobs"):  # `--help METHOD` (fl_core.knobs.OneLineParser)
             parser.method_knobs[algorithm] = [f.name for f in knob_fields(cls) if f.name not in skip]
@@ -433,9 +452,10 @@ def add_run_arguments(parser, *, skip: tuple[str, ...] = (), many: tuple[str, ..
         seen.update(names)
 
 
-def split_run_arguments(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(common knobs, method knobs) of a parsed namespace's dict; other entries are left out."""
-    owners = knob_owners()
+def split_run_arguments(values: dict[str, Any], external: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(common knobs, method knobs) of a parsed namespace's dict (`external`: methods outside the
+    registry whose knobs count too); other entries are left out."""
+    owners = method_knob_owners(external)
     return ({k: v for k, v in values.items() if k in COMMON_KNOBS},
             {k: v for k, v in values.items() if k in owners})
 

@@ -149,7 +149,7 @@ def _plain(summary: dict[str, Any]) -> dict[str, Any]:
 def method_metric_columns(rows: pd.DataFrame) -> list[str]:
     """Columns a method reported through `LocalStats.metrics`: every numeric column that is not
     a standard column, a knob of any method, a label or an allowed context column."""
-    known = STANDARD_CLIENT_COLUMNS | CONFIG_EXTRA_COLUMNS | ROW_CONTEXT_COLUMNS | known_config_columns()
+    known = STANDARD_CLIENT_COLUMNS | CONFIG_EXTRA_COLUMNS | ROW_CONTEXT_COLUMNS | known_config_columns(rows)
     return [c for c in rows.columns if c not in known and pd.api.types.is_numeric_dtype(rows[c])]
 
 
@@ -252,11 +252,27 @@ ROW_CONTEXT_COLUMNS = frozenset({"sweep", "trial_id", "status", "wall_seconds", 
 CONFIG_EXTRA_COLUMNS = frozenset({"config_hash", "version", "method", "setting", "data_key", *METHOD_FACTS})
 
 
-def known_config_columns() -> frozenset[str]:
-    """Every knob name of every method and the common knobs (so that a method metric is never
-    mistaken for a config column, whichever method wrote the rows)."""
+def known_config_columns(rows: pd.DataFrame | None = None) -> frozenset[str]:
+    """Every knob name of every registered method and the common knobs (so that a method metric
+    is never mistaken for a config column, whichever method wrote the rows), and with `rows` the
+    knobs their `method_knobs` column names (a method outside the registry)."""
     from .config import COMMON_KNOBS, knob_owners
-    return frozenset(COMMON_KNOBS) | frozenset(knob_owners())
+    return frozenset(COMMON_KNOBS) | frozenset(knob_owners()) | listed_knobs(rows)
+
+
+def listed_knobs(rows: pd.DataFrame | None) -> frozenset[str]:
+    """The method knob names the rows' `method_knobs` column lists (empty without the column)."""
+    if rows is None or "method_knobs" not in rows:
+        return frozenset()
+    return frozenset(name for text in rows["method_knobs"].dropna().unique() for name in str(text).split())
+
+
+def knob_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of `frame` that are knobs of its runs, common or a method's, a method outside
+    the registry included (its rows name its knobs in `method_knobs`), in column order. Every
+    reader that tells configurations apart (tables, summaries, MLflow) asks this."""
+    known = known_config_columns(frame)
+    return [c for c in frame.columns if c in known]
 
 
 def config_columns(config) -> dict[str, Any]:

@@ -82,7 +82,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_core.algorithms import ALGORITHMS, is_algorithm
-from fl_core.config import COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, RunConfig, knob_owners, search_space
+from fl_core.config import (COMMON_KNOBS, DATA_KNOBS, NON_SEMANTIC, ConfigError, RunConfig, method_knob_owners,
+                            search_space)
 from fl_core.knobs import Space, did_you_mean
 from fl_core.results import REPORT_ROUNDS
 
@@ -296,8 +297,11 @@ def _check_seeds(spec: StudySpec, where: str) -> None:
 
 def _check_study_knobs(spec: StudySpec, where: str) -> None:
     """Every [knobs] entry is a common knob or a knob of a method the study runs, and within its range."""
-    owners = knob_owners()
     algorithms = {m.algorithm for m in spec.methods}
+    try:
+        owners = method_knob_owners(algorithms)
+    except ConfigError as err:  # a method outside the registry that does not import
+        raise SweepError(f"{where}: {err}") from None
     for name, value in spec.knobs.items():
         if name in NOT_IN_SPEC:
             raise SweepError(f"{where}: `{name}` cannot be a knob here ("
@@ -407,7 +411,7 @@ def _check_pretraining(spec: StudySpec, where: str) -> None:
     if issubclass(get_algorithm(pre.algorithm), Personalizing):
         raise SweepError(f"{here}: algorithm={pre.algorithm!r} personalizes a pretrained model itself; the "
                          f"pretraining trains one from scratch (e.g. fedavg or fedbabu)")
-    owners = knob_owners()
+    owners = method_knob_owners([pre.algorithm])
     for name in pre.knobs:
         if name in DATA_KNOBS:
             raise SweepError(f"{here}: {name} is a data knob, and a pretraining runs on the data (setting and seed) "
@@ -469,7 +473,8 @@ def with_overrides(spec: StudySpec, knobs: dict[str, Any], *, algorithms: list[s
     if anchors is not None:
         methods = _replace_methods(methods, anchors, anchor=True)
     top = dict(spec.knobs)
-    owners, algorithms = knob_owners(), {m.algorithm for m in methods}
+    algorithms = {m.algorithm for m in methods}
+    owners = method_knob_owners(algorithms)
     for name in knobs:
         if name in owners and not algorithms & set(owners[name]):
             raise SweepError(f"--{name.replace('_', '-')} is a knob of {' and '.join(owners[name])}, but this study "

@@ -31,7 +31,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, SOURCE_OPTIONS, RunConfig, knob_owners
+from fl_core.config import COMMON_KNOBS, DATA_KNOBS, DIRICHLET_PARTITIONS, SOURCE_OPTIONS, RunConfig, method_knob_owners
 from fl_core.data.catalog import OPTIONS, source_domains
 from fl_core.results import setting_label
 
@@ -104,7 +104,7 @@ def data_settings(spec: StudySpec) -> list[dict[str, Any]]:
 
 def method_values(spec: StudySpec, method: Method) -> dict[str, Any]:
     """The non-data knobs of one method's trials: [knobs] entries it has, then its own."""
-    owners = knob_owners()
+    owners = method_knob_owners([method.algorithm])
     shared = {k: v for k, v in spec.knobs.items() if k not in DATA_KNOBS
               and (k in COMMON_KNOBS or method.algorithm in owners.get(k, ()))}
     return shared | method.knobs

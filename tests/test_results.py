@@ -70,6 +70,10 @@ def test_rows_carry_the_method_facts_and_older_rows_get_them_when_read(tmp_path)
     assert facts["fedselect"]["evaluated_model"] == "after local training" and facts["fedselect"]["has_server"]
     assert facts["dispfl"]["has_server"] is False and facts["dispfl"]["communicates"] is True
     assert facts["local"] == {**facts["local"], "has_server": False, "communicates": False}
+    knobs = {name: config_columns(RunConfig(algorithm=name))["method_knobs"]
+             for name in ("fedavg", "fedselect", "ditto")}
+    assert knobs["fedavg"] == "" and knobs["ditto"] == "ditto_lambda"
+    assert {"pers_rate", "pers_limit"} <= set(knobs["fedselect"].split())
     new = pd.DataFrame([{"algorithm": name, "acc": 0.5} | facts[name] for name in ("fedavg", "dispfl")])
     old = pd.DataFrame([{"algorithm": name, "acc": 0.5} for name in ("local", "fedselect", "ext.mod:Gone")])
     new.to_parquet(tmp_path / "new.parquet")
@@ -78,6 +82,7 @@ def test_rows_carry_the_method_facts_and_older_rows_get_them_when_read(tmp_path)
     for name, fact in facts.items():
         assert both.loc[both.algorithm == name, list(fact)].iloc[0].to_dict() == fact, name
     assert both.loc[both.algorithm == "ext.mod:Gone", "has_server"].isna().all()  # unknown, never guessed
+    assert set(both.loc[both.algorithm == "fedselect", "method_knobs"].iloc[0].split()) >= {"pers_rate", "pers_limit"}
     only = read_files([tmp_path / "old.parquet"], columns=["has_server"])
     assert list(only.columns) == ["has_server"] and only["has_server"].tolist()[:2] == [False, True]
 

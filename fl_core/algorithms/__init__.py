@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..knobs import MethodParams
+from ..knobs import MethodParams, knob_fields
 
 # name -> (module in this package, or a full module path, class). Order = the order of tables and --help.
 _IMPLEMENTATIONS = {
@@ -93,15 +93,17 @@ def _external(name: str) -> type:
 # What a reader of the results needs to know of each row's method, written into every row
 # (`fl_core.results.config_columns`) so that analysis reads it from the files, never from here:
 # the model its accuracy measures (in words), whether its rounds go through a server (its busiest
-# node is then the server), and whether it exchanges models at all.
-METHOD_FACTS = ("evaluated_model", "has_server", "communicates")
+# node is then the server), whether it exchanges models at all, and the names of its own knobs
+# (space-separated, in declaration order): a reader tells a configuration from a seed by them,
+# for a method outside the registry as for one in it (`fl_core.results.knob_columns`).
+METHOD_FACTS = ("evaluated_model", "has_server", "communicates", "method_knobs")
 
 
 def method_facts(name: str) -> dict[str, object]:
     """The `METHOD_FACTS` columns of the method `name` (KeyError: unknown, or not importable here)."""
     cls = get_algorithm(name)
     return {"evaluated_model": cls.evaluated_model(), "has_server": bool(cls.has_server()),
-            "communicates": bool(cls.communicates)}
+            "communicates": bool(cls.communicates), "method_knobs": " ".join(f.name for f in knob_fields(cls.Params))}
 
 
 def params_class(name: str) -> type[MethodParams]:
