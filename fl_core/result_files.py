@@ -211,16 +211,64 @@ def read_trial(sweep_dir: str | Path, config_hash: str) -> pd.DataFrame:
     return read_rounds(sweep_dir, trials=[config_hash])
 
 
+def is_sweep_folder(path: str | Path) -> bool:
+    """Whether `path` holds a sweep's results (its rounds/ or its trials.parquet)."""
+    return (Path(path) / "rounds").is_dir() or (Path(path) / "trials.parquet").exists()
+
+
+def sweep_folders(results: str | Path = "results", study: str | None = None) -> list[Path]:
+    """The sweep folders directly under `results`, oldest first by when each was last started or
+    resumed (a sweep rewrites its sweep.json then; a folder without one, e.g. a copy of the data
+    alone, by its newest file at the top). `study`: only the sweeps of that study (as recorded in
+    sweep.json; a folder that records none counts when its name is `<study>-...`)."""
+    found = []
+    for folder in (p for p in Path(results).iterdir() if p.is_dir()) if Path(results).is_dir() else ():
+        if not is_sweep_folder(folder) and not (folder / "sweep.json").exists():
+            continue
+        if study is not None:
+            owner = recorded_study(folder)
+            if owner != study and not (owner is None and folder.name.startswith(f"{study}-")):
+                continue
+        stamp = folder / "sweep.json"
+        when = stamp.stat().st_mtime if stamp.exists() else max(p.stat().st_mtime for p in folder.iterdir())
+        found.append((when, folder.name, folder))
+    return [folder for _, _, folder in sorted(found)]
+
+
+def recorded_study(folder: str | Path) -> str | None:
+    """The study a sweep's sweep.json records (None: no file, unreadable, or written before it was)."""
+    import json
+
+    try:
+        return json.loads((Path(folder) / "sweep.json").read_text()).get("study")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def latest_sweep(results: str | Path = "results", study: str | None = None) -> Path:
+    """The sweep under `results` started (or resumed) last, of `study` if given: the folder to
+    read after a run without guessing its dated name (`read_sweep(latest_sweep())`). A
+    ValueError naming the folder when it holds no sweep (of that study)."""
+    found = sweep_folders(results, study)
+    if not found:
+        others = [p.name for p in sweep_folders(results)] if study is not None else []
+        raise ValueError(f"no {'sweep' if study is None else study + ' sweep'} in {Path(results)}"
+                         + (f" (sweeps there: {', '.join(others[-5:])})" if others else "")
+                         + "; a sweep writes its folder under --results (default: results)")
+    return found[-1]
+
+
 def read_sweep(sweep_dir: str | Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The tidy table of a sweep: one row per (trial, round, client), with the trial's status and
     wall time joined from trials.parquet when the sweep has finished. A folder that is not a sweep
     (no rounds/ and no trials.parquet: a results folder, a typo) is a ValueError naming it and the
-    sweeps below it."""
+    sweeps below it (`latest_sweep(folder)` names the newest)."""
     sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "rounds").is_dir() and not (sweep_dir / "trials.parquet").exists():
-        below = sorted(p.parent.name for p in sweep_dir.glob("*/rounds") if p.is_dir())
+    if not is_sweep_folder(sweep_dir):
+        below = [p.name for p in sweep_folders(sweep_dir)] if sweep_dir.is_dir() else []
         raise ValueError(f"{sweep_dir} is not a sweep folder (no rounds/ or trials.parquet); "
-                         + (f"sweeps in it: {', '.join(below)}" if below else "no sweep below it either"))
+                         + (f"sweeps in it: {', '.join(below)}; the newest is latest_sweep({str(sweep_dir)!r})"
+                            if below else "no sweep below it either"))
     if columns is not None:
         columns = list(dict.fromkeys([*SORT_KEYS, *columns]))
     rounds = read_rounds(sweep_dir, columns)

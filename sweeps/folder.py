@@ -11,6 +11,9 @@ import os
 import time
 from pathlib import Path
 
+from fl_core.result_files import recorded_study as saved_study  # the study a sweep.json records (or None)
+from fl_core.result_files import sweep_folders
+
 from .errors import SweepError
 from .spec import STUDIES
 
@@ -31,7 +34,7 @@ def sweep_folder(study: str, args: argparse.Namespace) -> Path:
     if args.resume:
         name = resume_name(args)
         if name is None:
-            return latest_sweep(study, results)
+            return latest_resumable(study, results)
         folder = results / name
         if not (folder / "sweep.json").exists():
             mine = [p.name for p in study_sweeps(study, results)]
@@ -62,27 +65,16 @@ def study_command(study: str) -> str:
     return f"python -m sweeps.run {study if (STUDIES / f'{study}.toml').exists() else 'STUDY_FILE.toml'}"
 
 
-def saved_study(folder: Path) -> str | None:
-    """The study recorded in a sweep's sweep.json (None: unreadable, or written before it was)."""
-    try:
-        return json.loads((folder / "sweep.json").read_text()).get("study")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def study_sweeps(study: str, results: Path) -> list[Path]:
-    """The sweep folders of `study` under `results`, oldest first (by when sweep.json was last
-    written: a sweep writes it when it starts and each time it is resumed). Sweeps that record no
-    study (sweep format 3 before it was recorded) count if their name is `<study>-...`."""
-    found = []
-    for path in results.glob("*/sweep.json"):
-        owner = saved_study(path.parent)
-        if owner == study or (owner is None and path.parent.name.startswith(f"{study}-")):
-            found.append(path)
-    return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+    """The sweep folders of `study` under `results` that can be resumed (they have sweep.json),
+    oldest first (`fl_core.result_files.sweep_folders`: by when sweep.json was last written, at
+    each start and resume). Sweeps that record no study (sweep format 3 before it was recorded)
+    count if their name is `<study>-...`."""
+    return [p for p in sweep_folders(results, study) if (p / "sweep.json").exists()]
 
 
-def latest_sweep(study: str, results: Path) -> Path:
+def latest_resumable(study: str, results: Path) -> Path:
+    """What `--resume` alone continues: the newest sweep of `study` under `results`."""
     found = study_sweeps(study, results)
     if not found:
         raise SweepError(f"--resume: no {study} sweep under {results}; start one, or give --results")

@@ -33,9 +33,9 @@ from pathlib import Path
 import pandas as pd
 
 from fl_core.results import write_parquet
-from fl_core.result_files import (SORT_KEYS, DamagedFile, advice, journal_files, read_files,  # noqa: F401
-                                  read_rounds, read_sweep, read_trial, round_path, round_sources,
-                                  trial_path, unreadable)
+from fl_core.result_files import (SORT_KEYS, DamagedFile, advice, journal_files, latest_sweep,  # noqa: F401
+                                  read_files, read_rounds, read_sweep, read_trial, round_path, round_sources,
+                                  sweep_folders, trial_path, unreadable)
 # (re-exported: the sweeps' and the users' `sweeps.parquet_sink.read_sweep` and friends)
 
 
