@@ -3,8 +3,9 @@ results are: data once per data setting and seed, resources checked against the 
 Tuner per stage (sweeps/stages.py: a grid is one stage; a search or scheduler runs anchors,
 select stages per data setting, then the confirm stage of their winners; a [pretraining] study
 first runs its pretrain stage, and the next stage only if every pretraining completed), each with
-the MLflow callback; then trials.parquet, a summary, and the study's tables and figures
-(sweeps/summary.py). A resumed stage continues from its Tune record (sweeps/tune_record.py).
+the MLflow callback and its progress lines (sweeps/progress.py); then trials.parquet, a summary,
+and the study's tables and figures (sweeps/summary.py). A resumed stage continues from its Tune
+record (sweeps/tune_record.py).
 
 Ctrl-C or SIGTERM at any point ends with trials.parquet (every trial, with its status), the
 summary of what finished and the command that resumes the sweep; exit status 130 (SIGINT) or
@@ -28,6 +29,7 @@ from .interrupts import Interrupted, Interrupts, exit_code, pause_for_tests, sig
 from .mlflow_sink import MLflowSink
 from .mlflow_view import fail_fast_on_servers
 from .plan import SweepPlan, grid_space, progress_columns, reached_last_round, run_config, search_space
+from .progress import StageProgress, TuneTable
 from .spec import to_toml
 from .stages import OBJECTIVE, Stage, best_completed, confirm_stage, data_configs
 from .summary import DISK_ERRORS, resume_command, summary, tables_and_figures, tracking_uri
@@ -82,7 +84,9 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
              if plan.search == "optuna" else "")
           + f"; {len(datasets)} client datasets (data settings x seeds); stages: {stages}", flush=True)
 
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # use the classic progress table with our columns
+    # Tune's classic output engine: the one that prints through our progress reporter (its new engine,
+    # RAY_AIR_NEW_OUTPUT=1, ignores a passed reporter and prints its own tables)
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     started_ray = not ray.is_initialized()
     try:
         if started_ray:
@@ -280,9 +284,16 @@ def _tuner(plan: SweepPlan, stage: Stage, trainable):
                           name=stage.name, storage_path=str(folder),
                           failure_config=tune.FailureConfig(max_failures=args.max_failures),
                           callbacks=[sink, TrialLedger()], verbose=args.verbose,
-                          progress_reporter=tune.CLIReporter(
-                              parameter_columns=shown, metric_columns=METRIC_COLUMNS,
-                              max_report_frequency=10, max_column_length=12, sort_by_metric=False)))
+                          progress_reporter=progress_reporter(stage, args.verbose, shown)))
+
+
+def progress_reporter(stage: Stage, verbose: int, shown: dict[str, str]):
+    """What the stage prints while it runs (sweeps/progress.py): at verbose 2 Tune's table (the
+    knobs `shown` and METRIC_COLUMNS), else our one-line progress (Tune calls no reporter at 0)."""
+    if verbose >= 2:
+        return TuneTable(parameter_columns=shown, metric_columns=METRIC_COLUMNS, max_report_frequency=10,
+                         max_column_length=12, sort_by_metric=False)
+    return StageProgress(f"{stage.name} ({stage.kind})" + (f" [{stage.group}]" if stage.group else ""))
 
 
 def _tune_config(plan: SweepPlan, stage: Stage):

@@ -49,11 +49,16 @@ def summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, st
         print(best_per_setting(pretrained, []).to_string(index=False, na_rep="-"))
     if not done.empty:
         knobs = [k for k in plan.knobs if k in done.columns and k not in (*SETTING_KNOBS, "seed", "algorithm")]
+        bases = {selection_basis(cell) for _, cell in done.groupby(["setting", "method"], dropna=False, sort=False)}
         if plan.spec.selects:
             print(f"[sweep] {budget_line(plan.spec)}")
             how = "selected configuration confirmed on every seed"
-        elif selection_basis(done) == VALIDATED:
+        elif bases == {VALIDATED}:  # "best" only where validation accuracy chose, never test accuracy
             how = "best configuration by validation accuracy (mean over seeds)"
+        elif VALIDATED in bases:
+            how = ("configuration chosen by validation accuracy (mean over seeds) where its data setting has a "
+                   "validation split, else the declared one (run on the most seeds; ties: the first of its grid); "
+                   "test accuracy never selects")
         else:
             how = ("declared configuration (run on the most seeds; ties: the first of its grid), as the tables "
                    "show it: no validation split to select on, and test accuracy never selects")
@@ -66,11 +71,12 @@ def summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, st
     print(f"[sweep] Parquet: {folder / 'rounds'} (read with sweeps.parquet_sink.read_sweep('{folder}'))")
     print(f"[sweep] trials:  {folder / 'trials.parquet'}")
     print(f"[sweep] MLflow:  {mlflow_ui_line(tracking_uri(plan))}")
-    from .mlflow_view import sweep_view_url  # None when the store cannot be read: no link, no failure
+    from .mlflow_view import final_metrics, sweep_view_url  # None when the store cannot be read: no link, no failure
     link = sweep_view_url(tracking_uri(plan), plan.study, folder.name)
-    if link:
-        print(f"[sweep] this sweep's trials in MLflow (best validation accuracy first where there is a split, "
-              f"else in start order): {link}")
+    if link:  # the view's order (sweeps/mlflow_view.py): validation accuracy ranks, test accuracy never
+        with_val = "acc_val_mean" in final_metrics(c for stage in plan.stages for _, c in stage.configs)
+        order = "highest validation accuracy first" if with_val else "in start order: no validation split to rank by"
+        print(f"[sweep] this sweep's trials in MLflow ({order}): {link}")
     full = trials["error"].fillna("").str.contains("|".join(os.strerror(e) for e in DISK_ERRORS), regex=True) \
         if "error" in trials else pd.Series(False, index=trials.index)
     if full.any():  # a trial failed because the disk refused its write: say so, once
@@ -101,7 +107,8 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
     swept knobs `knobs`, chosen by the tables' rule (`analysis.common.chosen_key`: the best mean
     validation accuracy over seeds where the cell has a validation split, else the declared one,
     run on the most seeds, ties to the grid's first point; never test accuracy), with its final
-    test accuracy (mean ± std over seeds), best first; the anchors stand beside the tuned method.
+    test accuracy (mean ± std over seeds), highest first (the methods compared; their configurations
+    were chosen without test accuracy); the anchors stand beside the tuned method.
     Runs that diverged (analysis.load.diverged) are left out of the accuracy, its interval and
     `seeds`, and counted in `diverged`. `95% CI`: the t interval of the mean over seeds
     (analysis.stats.mean_ci)."""
