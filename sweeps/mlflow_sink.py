@@ -10,10 +10,14 @@ as columns, best accuracy first, every trial in the charts). A trial's run:
   name     what tells the trial apart in a legend (`run_names`): the method, its knobs that vary in
            the sweep (FedSelect: always p and α), other varying knobs, the data setting, local
            epochs and seed, e.g. `FedSelect p=0.25 α=0.8 digits Dir(0.1) E1 s0`
-  params   `config.semantic_dict()`: the common knobs and the trial's own method knobs only
-  tags     sweep, role, parent_run, config_hash, seed, trial_id, method, setting, version
-  metrics  per round, the keys of `fl_core.results.summarize_round` (step = round); values that
-           were not measured (NaN, e.g. accuracies of rounds skipped by `eval_every`) are skipped
+  params   `config.semantic_dict()`: the common knobs and the trial's own method knobs only, a
+           float of more than 4 significant digits rounded to 4 (`mlflow_view.param_text`)
+  tags     sweep, role, parent_run, config_hash, seed, trial_id, method, setting, version, and
+           `exact.<knob>` with the full value of a float knob its param rounds
+  metrics  per round, the keys of `fl_core.results.summarize_round` (step = round), and the short,
+           rounded display copies the view shows (`mlflow_view.display_metrics`: acc, acc_val,
+           mb); values that were not measured (NaN, e.g. accuracies of rounds skipped by
+           `eval_every`) are skipped
   artifacts at the end: final_client_accuracy.csv, label_histograms.json, fedselect_masks.npz
 The sweep's run gets, once the launcher has written them, the study's tables (`log_sweep_tables`:
 the .tex/.md files and summary.parquet of analysis.tables under artifacts `tables/`).
@@ -42,7 +46,7 @@ from ray import tune
 from fl_core.config import DATA_KNOBS, NON_SEMANTIC, RunConfig
 from fl_core.results import KNOB_SYMBOLS, config_columns, setting_label, summarize_trial
 
-from .mlflow_view import ALWAYS_NAMED, save_sweep_view
+from .mlflow_view import ALWAYS_NAMED, display_metrics, param_text, save_sweep_view
 from .parquet_sink import read_trial
 from .plan import reached_last_round, run_config
 
@@ -175,10 +179,12 @@ class MLflowSink(tune.Callback):
         tags = {"parent_run": self.parent_id, "sweep": self.sweep, "role": "trial",
                 "config_hash": key, "seed": str(config.seed), "trial_id": trial.trial_id,
                 "method": columns["method"], "setting": columns["setting"], "version": columns["version"]}
+        semantic = config.semantic_dict()
+        tags.update({f"exact.{k}": repr(v) for k, v in semantic.items() if param_text(v) != str(v)})
         name = self._names.get(key) or run_names([config])[key]
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         from mlflow.entities import Param
-        params = [Param(k, str(v)) for k, v in config.semantic_dict().items()]
+        params = [Param(k, param_text(v)) for k, v in semantic.items()]
         self.client.log_batch(run.info.run_id, params=params)
         self._logged[run.info.run_id] = 0
         return run.info.run_id
@@ -200,8 +206,8 @@ class MLflowSink(tune.Callback):
             summaries = [s for s in history if logged < s["round"] < rnd] + summaries
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, int(s["round"])) for s in summaries for k, v in s.items()
-                   if k != "round" and _measured(v)]
+        metrics = [Metric(k, float(v), now, int(s["round"])) for s in summaries
+                   for k, v in {**s, **display_metrics(s)}.items() if k != "round" and _measured(v)]
         for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
             self._guard("logging metrics", self.client.log_batch, run_id, metrics=metrics[start:start + 1000])
         self._logged[run_id] = rnd

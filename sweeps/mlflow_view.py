@@ -9,13 +9,21 @@ over is a saved view: an experiment tag `mlflow.sharedViewState.<id>` holding a 
 `#/experiments/<id>/runs?viewStateShareKey=<id>` (the link must carry no filter or sort of its
 own, or the page ignores the view). Each sweep gets one, named `sweep <name>`:
   filter   `tags.sweep = '<name>' and tags.role = 'trial'` (the trials, not the sweep's own run)
-  sort     final `acc_val_mean`, best first, where the trials have a validation split, else in
-           the order they started: never by test accuracy (a sorted list is a selection)
-  columns  the knobs that vary among the trials (the method first), then acc_mean, acc_val_mean
-           (when the data has a validation split) and mb_total
-  charts   every trial drawn (not MLflow's default of the first 10 runs); a section with acc_mean
-           at the last round (bar), acc_mean per round (line) and the swept knobs -> acc_mean
-           (parallel coordinates); MLflow adds its own charts of the other metrics below.
+  sort     final `acc_val`, best first, where the trials have a validation split, else in the
+           order they started: never by test accuracy (a sorted list is a selection)
+  columns  acc_val (when the data has a validation split) and acc first, then the knobs that vary
+           among the trials (the method first), then mb; each column as narrow as its header and
+           values allow, and the Run Name and Created columns (which MLflow pins left) narrowed:
+           at 1400 px the accuracy and the knobs are in view without scrolling (beside the
+           Assistant panel MLflow 3.17 opens on a first visit, the accuracy and the first knobs)
+  charts   every trial drawn (not MLflow's default of the first 10 runs); a section with acc at
+           the last round (bar), acc per round (line) and the swept knobs -> acc (parallel
+           coordinates); MLflow adds its own charts of the other metrics below.
+`acc`, `acc_val` and `mb` are display copies the sink logs beside the exact `acc_mean`,
+`acc_val_mean` and `mb_total` (`display_metrics`: rounded to 4, 4 and 2 decimals, short names, so
+that a narrow column shows the whole value); a float knob of more than 4 significant digits is
+logged as a param rounded to 4 (`param_text`; its exact value is the run's tag `exact.<knob>`,
+and in Parquet).
 `runs_view_url` builds either link; `sweep_view_url` looks the experiment up and prefers the view.
 Importing this module needs neither Ray nor a tracking server.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import time
@@ -32,8 +41,16 @@ from urllib.parse import urlencode
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # where `mlflow ui` listens unless told otherwise
-FINAL_METRICS = ("acc_mean", "acc_val_mean", "mb_total")
-ORDER_BY, ORDER_NEUTRAL = "metrics.`acc_val_mean`", "attributes.start_time"
+FINAL_METRICS = ("acc_mean", "acc_val_mean", "mb_total")  # the summary keys a view shows, by their display copies
+# summary key -> (the display copy's metric name, decimals it keeps)
+DISPLAY_METRICS = {"acc_mean": ("acc", 4), "acc_val_mean": ("acc_val", 4), "mb_total": ("mb", 2)}
+ACCURACY_FIRST = ("acc_val_mean", "acc_mean")  # the columns before the knobs, in this order
+ORDER_BY, ORDER_NEUTRAL = "metrics.`acc_val`", "attributes.start_time"
+PARAM_DIGITS = 4  # significant digits of a float knob's param
+# MLflow's own ag-grid column ids of the runs table's two columns pinned left, and their widths in
+# the view (MLflow's defaults: 190 and 150 px)
+RUN_NAME_COLUMN, CREATED_COLUMN = "attributes.`Run Name`", "runDateAndNestInfo"
+PINNED_WIDTHS = {RUN_NAME_COLUMN: 200, CREATED_COLUMN: 110}
 # Knobs named in every run name and shown in every view of a method (FedSelect: p and α).
 ALWAYS_NAMED = {"fedselect": ("pers_rate", "pers_limit")}
 MAX_TAG_VALUE = 20000  # MLflow's limit on an experiment tag's value
@@ -43,6 +60,33 @@ def fail_fast_on_servers() -> None:
     """An unreachable server should cost seconds, not MLflow's default minutes of retries."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def param_text(value: Any) -> str:
+    """A knob's value as the param MLflow shows: a float with more than PARAM_DIGITS significant
+    digits rounded to them (0.0031622776601683794 -> `0.003162`, 0.123456 -> `0.1235`), any other
+    value as `str` (`0.5`, `1.0`, `1e-05`, `fedselect`)."""
+    if isinstance(value, float) and math.isfinite(value):
+        short = f"{value:.{PARAM_DIGITS}g}"
+        return str(value) if float(short) == value else short
+    return str(value)
+
+
+def display_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The display copies of a round's summary: short names, rounded (`DISPLAY_METRICS`); keys the
+    summary lacks or did not measure (NaN) are left out."""
+    out = {}
+    for key, (name, decimals) in DISPLAY_METRICS.items():
+        value = summary.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = round(float(value), decimals)
+    return out
+
+
+def column_width(header: str, value_chars: int) -> int:
+    """A column just wide enough for its header and for values of `value_chars` characters (7 px a
+    character at MLflow's 13 px font, 36 px of padding and sort mark), at most 160 px."""
+    return min(160, 7 * max(len(header), value_chars) + 36)
 
 
 def view_id(sweep: str) -> str:
@@ -69,6 +113,8 @@ def swept_knobs(configs: Iterable[Any]) -> list[str]:
 
 
 def final_metrics(configs: Iterable[Any]) -> list[str]:
+    """The summary keys the view shows (by their display copies): acc_mean, acc_val_mean where a
+    trial has a validation split, mb_total."""
     with_val = any(getattr(c, "val_fraction", 0) for c in configs)
     return [m for m in FINAL_METRICS if m != "acc_val_mean" or with_val]
 
@@ -80,25 +126,30 @@ def order_of(metrics: list[str]) -> tuple[str, bool]:
 
 
 def view_state(sweep: str, knobs: list[str], metrics: list[str]) -> dict[str, Any]:
-    """The runs page state of the sweep's view (search facets and UI state, as MLflow keeps them)."""
-    columns = [f"params.`{k}`" for k in knobs] + [f"metrics.`{m}`" for m in metrics]
+    """The runs page state of the sweep's view (search facets and UI state, as MLflow keeps them);
+    `metrics` are summary keys (`final_metrics`), shown by their display copies."""
+    first = [m for m in ACCURACY_FIRST if m in metrics]
+    columns = [*(f"metrics.`{DISPLAY_METRICS[m][0]}`" for m in first), *(f"params.`{k}`" for k in knobs),
+               *(f"metrics.`{DISPLAY_METRICS[m][0]}`" for m in metrics if m not in first)]
+    widths = {**PINNED_WIDTHS, **{c: column_width(c.split("`")[1], 6 if c.startswith("metrics") else 7)
+                                  for c in columns}}
+    acc = DISPLAY_METRICS["acc_mean"][0]
     section = "sweep-summary"
     card = {"metricSectionId": section, "deleted": False, "isGenerated": False}
     charts = [
-        {**card, "uuid": "sweep-acc-final", "type": "BAR", "metricKey": "acc_mean"},  # the last round's value
-        {**card, "uuid": "sweep-acc-rounds", "type": "LINE", "metricKey": "acc_mean",
-         "selectedMetricKeys": ["acc_mean"], "xAxisKey": "step", "selectedXAxisMetricKey": "",
+        {**card, "uuid": "sweep-acc-final", "type": "BAR", "metricKey": acc},  # the last round's value
+        {**card, "uuid": "sweep-acc-rounds", "type": "LINE", "metricKey": acc,
+         "selectedMetricKeys": [acc], "xAxisKey": "step", "selectedXAxisMetricKey": "",
          "xAxisScaleType": "linear", "scaleType": "linear", "lineSmoothness": 0, "range": {}, "yAxisKey": "metric",
          "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True},
     ]
     parallel = [k for k in knobs if k not in ("algorithm", "seed")]
     if parallel:
         charts.append({**card, "uuid": "sweep-knobs", "type": "PARALLEL", "selectedParams": parallel,
-                       "selectedMetrics": ["acc_mean"], "showAllRuns": False})
+                       "selectedMetrics": [acc], "showAllRuns": False})
     return {
         "searchFilter": trials_filter(sweep), "orderByKey": order_of(metrics)[0], "orderByAsc": order_of(metrics)[1],
-        "selectedColumns": columns, "columnOrder": ["attributes.`Run Name`", *columns],
-        "columnWidths": {"attributes.`Run Name`": 320},
+        "selectedColumns": columns, "columnOrder": [*PINNED_WIDTHS, *columns], "columnWidths": widths,
         "runsHiddenMode": "SHOW_ALL",  # the charts draw every trial, not the first 10 runs
         "compareRunCharts": charts,
         "compareRunSections": [{"uuid": section, "name": f"Sweep {sweep}", "display": True, "isReordered": False,
@@ -141,8 +192,8 @@ def save_sweep_view(client, experiment_id: str, sweep: str, configs: list[Any]) 
         except (ValueError, KeyError, TypeError):
             shown = []
         knobs = list(dict.fromkeys([*(c[len("params.`"):-1] for c in shown if c.startswith("params.`")), *knobs]))
-        earlier = {c[len("metrics.`"):-1] for c in shown if c.startswith("metrics.`")}
-        metrics = [m for m in FINAL_METRICS if m in earlier or m in metrics]
+        earlier = {c[len("metrics.`"):-1] for c in shown if c.startswith("metrics.`")}  # display or summary names
+        metrics = [m for m in FINAL_METRICS if m in metrics or {m, DISPLAY_METRICS[m][0]} & earlier]
     state = view_state(sweep, knobs, metrics)
     value = view_envelope(f"sweep {sweep}", state, created, now)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, value)

@@ -60,15 +60,17 @@ def test_swept_knobs_and_final_metrics():
 
 def test_view_state_columns_charts_and_envelope_round_trip():
     state = view.view_state("g", ["algorithm", "pers_rate", "seed"], ["acc_mean", "mb_total"])
-    assert state["selectedColumns"] == ["params.`algorithm`", "params.`pers_rate`", "params.`seed`",
-                                        "metrics.`acc_mean`", "metrics.`mb_total`"]
-    assert state["columnOrder"] == ["attributes.`Run Name`", *state["selectedColumns"]]
+    # the accuracy first (its short display copy), then the knobs, then the traffic
+    assert state["selectedColumns"] == ["metrics.`acc`", "params.`algorithm`", "params.`pers_rate`", "params.`seed`",
+                                        "metrics.`mb`"]
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", *state["selectedColumns"]]
     assert state["runsHiddenMode"] == "SHOW_ALL"
     assert (state["orderByKey"], state["orderByAsc"]) == ("attributes.start_time", True)  # no split: start order
-    validated = view.view_state("g", ["algorithm"], ["acc_mean", "acc_val_mean"])
-    assert (validated["orderByKey"], validated["orderByAsc"]) == ("metrics.`acc_val_mean`", False)
+    validated = view.view_state("g", ["algorithm"], ["acc_mean", "acc_val_mean", "mb_total"])
+    assert validated["selectedColumns"] == ["metrics.`acc_val`", "metrics.`acc`", "params.`algorithm`", "metrics.`mb`"]
+    assert (validated["orderByKey"], validated["orderByAsc"]) == ("metrics.`acc_val`", False)  # the column shown
     charts = {c["type"]: c for c in state["compareRunCharts"]}
-    assert charts["BAR"]["metricKey"] == charts["LINE"]["metricKey"] == "acc_mean"
+    assert charts["BAR"]["metricKey"] == charts["LINE"]["metricKey"] == "acc"
     assert charts["PARALLEL"]["selectedParams"] == ["pers_rate"]  # the method and the seed are no axes
     sections = {s["uuid"] for s in state["compareRunSections"]}
     assert {c["metricSectionId"] for c in state["compareRunCharts"]} == sections
@@ -79,6 +81,33 @@ def test_view_state_columns_charts_and_envelope_round_trip():
     packed = view.view_envelope("sweep g", big, 1, 2)
     assert len(packed) <= view.MAX_TAG_VALUE and json.loads(packed)["state"].startswith("deflate;")
     assert view.read_view(packed) == big
+
+
+def test_params_are_rounded_for_display_and_metrics_get_short_rounded_copies():
+    assert view.param_text(10 ** -2.5) == "0.003162" and view.param_text(0.123456) == "0.1235"
+    assert [view.param_text(v) for v in (0.5, 1.0, 1e-05, 0.25, 3, "fedselect", None)] == \
+        ["0.5", "1.0", "1e-05", "0.25", "3", "fedselect", "None"]  # short values stay as str() writes them
+    summary = {"round": 3, "acc_mean": 0.9038461538461539, "acc_val_mean": float("nan"), "mb_total": 3.7322399999,
+               "acc_std": 0.1}
+    assert view.display_metrics(summary) == {"acc": 0.9038, "mb": 3.73}  # NaN (not measured) left out
+    assert view.display_metrics({"acc_val_mean": 0.55557}) == {"acc_val": 0.5556}
+    assert all(len(name) <= 7 for name, _ in view.DISPLAY_METRICS.values())
+
+
+def test_the_accuracy_and_the_knobs_of_the_default_grid_fit_a_laptop_screen():
+    """At 1400 px MLflow 3.17's side navigation takes about 200 px and the row checkbox about 75 px:
+    the pinned Run Name and Created columns, the accuracy and every swept knob of the default grid
+    fit in what is left (1100 px); each column is at least as wide as its header and its values."""
+    state = view.view_state("g", ["algorithm", "pers_rate", "pers_limit", "dir_alpha", "local_epochs"],
+                            ["acc_mean", "mb_total"])
+    widths = state["columnWidths"]
+    assert set(widths) == set(state["columnOrder"])
+    upto_knobs = state["columnOrder"][:state["columnOrder"].index("params.`local_epochs`") + 1]
+    assert sum(widths[c] for c in upto_knobs) <= 1100
+    for column in state["selectedColumns"]:
+        header = column.split("`")[1]
+        assert 7 * max(len(header), 6) + 36 <= widths[column] <= 160, column
+    assert widths["attributes.`Run Name`"] < 320 and widths["runDateAndNestInfo"] < 150  # MLflow's 190 and 150
 
 
 def test_saved_view_on_the_experiment_and_the_printed_link(tmp_path):
@@ -93,8 +122,8 @@ def test_saved_view_on_the_experiment_and_the_printed_link(tmp_path):
     assert envelope["name"] == "sweep grid-1" and envelope["createdAt"] == envelope["updatedAt"]
     state = view.read_view(tag)
     assert state["searchFilter"] == "tags.sweep = 'grid-1' and tags.role = 'trial'"
-    assert state["selectedColumns"][:4] == ["params.`algorithm`", "params.`pers_rate`", "params.`pers_limit`",
-                                            "params.`dir_alpha`"]
+    assert state["selectedColumns"][:5] == ["metrics.`acc`", "params.`algorithm`", "params.`pers_rate`",
+                                            "params.`pers_limit`", "params.`dir_alpha`"]
     # saved again (a resumed sweep): same view, first creation time kept
     view.save_sweep_view(client, experiment_id, "grid-1", _grid()[:2])
     again = json.loads(client.get_experiment(experiment_id).tags[view.VIEW_TAG_PREFIX + key])
@@ -147,3 +176,43 @@ def test_the_summary_points_a_server_store_at_its_own_ui_and_a_file_store_at_mlf
                                                         "(it already runs)")
     line = mlflow_ui_line("sqlite:///results/mlflow.db")
     assert line.endswith("ui --backend-store-uri sqlite:///results/mlflow.db") and "mlflow" in line
+
+
+def test_sink_logs_rounded_params_and_short_rounded_metrics_beside_the_exact_ones(tmp_path):
+    pytest.importorskip("ray")
+    from mlflow import MlflowClient
+
+    from sweeps.mlflow_sink import MLflowSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sink = MLflowSink(uri, STUDY, "lr", tmp_path / "lr", tmp_path / "art", sweep_params={"rounds": 3})
+    config = tiny(lr=10 ** -2.5)
+    trial = SimpleNamespace(trial_id="t0", config={"trial": {"run": config.to_dict()}})
+    sink.setup()
+    sink.on_trial_start(0, [trial], trial)
+    summary = {"round": 1, "acc_mean": 0.9038461538461539, "acc_val_mean": float("nan"), "mb_total": 3.7322399999}
+    sink.on_trial_result(0, [trial], trial, {"round": 1, "summary": summary, "config_hash": config.config_hash()})
+    assert sink.enabled
+    client = MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id], "tags.trial_id = 't0'")[0]
+    assert run.data.params["lr"] == "0.003162" and run.data.tags["exact.lr"] == repr(10 ** -2.5)
+    assert run.data.params["pers_rate"] == "0.3" and "exact.pers_rate" not in run.data.tags  # short: as it was
+    assert run.data.metrics["acc"] == 0.9038 and run.data.metrics["acc_mean"] == summary["acc_mean"]  # exact kept
+    assert run.data.metrics["mb"] == 3.73 and run.data.metrics["mb_total"] == summary["mb_total"]
+    assert "acc_val" not in run.data.metrics and "acc_val_mean" not in run.data.metrics  # NaN: not measured
+
+
+def test_a_view_saved_before_the_short_names_keeps_its_columns_under_them(tmp_path):
+    """A staged sweep started before the display copies existed has a view naming acc_mean: its
+    next stage's view shows acc (and the knobs the earlier view showed)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment(STUDY, artifact_location=(tmp_path / "art").as_uri())
+    old = {"selectedColumns": ["params.`lr`", "metrics.`acc_mean`", "metrics.`mb_total`"]}
+    client.set_experiment_tag(experiment_id, view.VIEW_TAG_PREFIX + view.view_id("staged"),
+                              view.view_envelope("sweep staged", old, 1, 1))
+    view.save_sweep_view(client, experiment_id, "staged", [tiny(seed=0), tiny(seed=1)])
+    state = view.read_view(client.get_experiment(experiment_id).tags[view.VIEW_TAG_PREFIX + view.view_id("staged")])
+    assert state["selectedColumns"] == ["metrics.`acc`", "params.`lr`", "params.`pers_rate`", "params.`pers_limit`",
+                                        "params.`seed`", "metrics.`mb`"]
