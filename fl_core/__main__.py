@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--results", type=Path, default=None,
-                        help="output folder for rounds.parquet and clients.parquet "
-                             "(default: results/runs/<algorithm>-<config hash>)")
+                        help="output folder for rounds.parquet and clients.parquet (default: results/runs/"
+                             "<algorithm>-<config hash>). An external method's package.module:Class is written "
+                             "package.module.Class there, a name every OS accepts")
     parser.add_argument(OPT_OUT, dest="reproducible", action="store_false",
                         help="run the CPU's own kernels (faster on AVX-512 CPUs) instead of the reproducible mode, "
                              "which pins them so that any x86-64 CPU with AVX2 gives the same numbers (column kernels)")
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_from_argv(sys.argv[1:])  # before torch loads: see fl_core/kernels.py
     from .config import ConfigError, RunConfig, split_run_arguments
     from .data import DataError
+    from .knobs import portable_name
     from .results import results_problem
 
     args = vars(build_parser().parse_args(argv))
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         common, method = split_run_arguments(args)
         config = RunConfig(**common, **method)
-        results_dir = results_dir or Path("results/runs") / f"{config.algorithm}-{config.config_hash()}"
+        results_dir = results_dir or Path("results/runs") / f"{portable_name(config.algorithm)}-{config.config_hash()}"
         unusable = results_problem(results_dir)
         if unusable:
             raise ConfigError(unusable)

@@ -53,6 +53,14 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def portable_name(text: str) -> str:
+    """`text` (e.g. a method's name) as a file or folder name that Linux, macOS and Windows all
+    accept: an external method's `package.module:Class` reads `package.module.Class`, and every
+    other character but ASCII letters, digits, `.`, `_` and `-` becomes `_` (Windows refuses
+    `<>:"/\\|?*`, macOS's Finder shows `:` as `/`); no leading or trailing dot."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text.replace(":", ".")).strip(".") or "_"
+
+
 def knob(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
          high: float | None = None, low_open: bool = False, high_open: bool = False, data: bool = False,
          semantic: bool = True, added: bool = False, search: Space | None = None,
@@ -216,11 +224,13 @@ class OneLineParser(argparse.ArgumentParser):
                            f"{', '.join(self.method_knobs)}, or all")
             wanted = set(self.method_knobs[topic])
             lines = [f"{topic}'s own knobs (set them as --flag VALUE; the common knobs: {self.prog} --help):"]
-            return "\n".join(lines + [_flag_line(a) for a in self._actions if a.dest in wanted]) + "\n"
+            return "\n".join(lines + [_flag_line(a) for a in self._actions
+                                       if a.dest in wanted and a.help != argparse.SUPPRESS]) + "\n"
         mine = {a.dest for names in self.method_knobs.values() for a in self._actions if a.dest in names}
         lines = [f"usage: {self.prog} [--FLAG VALUE ...]", "", (self.description or "").split("\n")[0], ""]
         for group in self._action_groups:
-            shown = [a for a in group._group_actions if a.dest not in mine and a.option_strings]
+            shown = [a for a in group._group_actions
+                     if a.dest not in mine and a.option_strings and a.help != argparse.SUPPRESS]
             if shown:
                 lines += [f"{group.title}:", *map(_flag_line, shown), ""]
         if self.method_knobs:
@@ -237,14 +247,70 @@ class _HelpAction(argparse.Action):
 
 
 def _flag_line(action: argparse.Action, width: int = 118) -> str:
-    """One line for a flag: its name, its help's first clause (cut to the width) and its default."""
-    text = re.split(r"; one of |; in [\[(]| \(default: ", (action.help or "").replace("%%", "%"))[0].split(". ")[0]
-    shown = action.default[0] if isinstance(action.default, list) and len(action.default) == 1 else action.default
-    default = "" if action.default in (argparse.SUPPRESS, None, False) or action.nargs == 0 else f" (default {shown})"
+    """One line for a flag: its name, what its help says first (cut to the width, never inside
+    brackets) and its default."""
+    text, default = summary_help(action)
     head = f"  {', '.join(action.option_strings):<30} "
-    room = width - len(head) - len(default)
-    return head + (text if len(text) <= room else text[:max(room - 1, 0)] + "…") + default
+    room = width - len(head) - len(" (default: )")  # a long default keeps 40 characters, more beside a short help
+    tail = "" if default is None else f" (default: {shorten(default, max(40, room - len(text)))})"
+    return head + shorten(text, width - len(head) - len(tail)) + tail
 
+
+def summary_help(action: argparse.Action) -> tuple[str, str | None]:
+    """(what a flag's help says first, its default) for a one-line summary: the help's first
+    sentence, or its part before the allowed values `add_knob_arguments` appends ("; one of",
+    "; in [a, b]"), and the default as the help states it, "(default: ...)", else as the parser
+    holds it (None: nothing to show, e.g. a switch)."""
+    text = (action.help or "").replace("%%", "%")
+    default = None
+    if (start := text.find(" (default: ")) >= 0:
+        end = _closing(text, start + 1)
+        text, default = text[:start] + text[end + 1:], text[start + len(" (default: "):end]
+    elif action.default not in (argparse.SUPPRESS, None) and action.default is not False and action.nargs != 0:
+        shown = action.default
+        default = " ".join(map(str, shown)) if isinstance(shown, (list, tuple)) else str(shown)
+    default = "empty" if default == "" else default
+    depth = 0
+    for i, char in enumerate(text):
+        depth = max(depth + (char in "([{") - (char in ")]}"), 0)
+        if depth or char not in ".;":
+            continue
+        if char == ";" and re.match(r"; (one of |in [\[(])", text[i:]):
+            return text[:i], default
+        if char == "." and text[i + 1:i + 2] in ("", " ") and not re.search(r"\b(e\.g|i\.e|cf|vs)$", text[:i]):
+            return text[:i], default
+    return text, default
+
+
+def _closing(text: str, opening: int) -> int:
+    """Where the bracket at `opening` closes (the text's end if it never does)."""
+    depth = 0
+    for i in range(opening, len(text)):
+        depth += (text[i] in "([{") - (text[i] in ")]}")
+        if depth == 0:
+            return i
+    return len(text)
+
+
+def shorten(text: str, room: int) -> str:
+    """`text` if it fits in `room` characters, else its longest start that does with "…", cut
+    after a word outside any bracket (never "(e.g…"); where every word is inside one, after a
+    word with the open brackets closed after the "…"."""
+    if len(text) <= room:
+        return text
+    opened: list[str] = []
+    outside, anywhere = "", ""
+    for i, char in enumerate(text):
+        if char == " " and text[:i].strip():
+            cut = text[:i].rstrip(",;: ") + "…" + "".join(reversed(opened))
+            if len(cut) > room:
+                break
+            outside, anywhere = (cut if not opened else outside), cut
+        if char in "([{":
+            opened.append(")]}"["([{".index(char)])
+        elif char in ")]}" and opened:
+            opened.pop()
+    return outside or anywhere or text[:max(room - 1, 0)] + "…"
 
 
 def _parse_optional(kind):
@@ -286,7 +352,7 @@ def add_knob_arguments(group, cls, *, skip: tuple[str, ...] = (), defaults: dict
             allowed = f"; one of {', '.join(map(str, meta['choices']))}"
         elif meta.get("low") is not None or meta.get("high") is not None:
             allowed = f"; in {describe_range(meta)}"
-        shown = "none" if default is None else default
+        shown = "none" if default is None else "empty" if default == "" else default
         help_text = f"{meta['help']}{allowed} (default: {shown})".replace("%", "%%")
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"help": help_text, "dest": f.name,

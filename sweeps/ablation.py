@@ -1,12 +1,18 @@
 """FedSelect ablation study (the paper's Table 3): GradSelect against personalizing the least
 changed entries, random entries, and one whole block (A-D) — x datasets x partitions x seeds.
 The study is the file studies/ablation.toml; this module gives it two flags of its own
-(`python -m sweeps.run` finds them here).
+(`python -m sweeps.run` finds them here; `python sweeps/ablation.py` is the same command).
 
     python -m sweeps.run ablation                           # digits; 2 shards per client and Dir(0.1)
     python -m sweeps.run ablation --variants gradselect random --seeds 0 1 2
 """
 from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # `python sweeps/ablation.py` is `python -m sweeps.run ablation`
+    from sweeps.run import start
+    sys.exit(start(["ablation", *sys.argv[1:]]))
 
 import argparse
 from dataclasses import replace

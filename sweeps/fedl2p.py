@@ -2,7 +2,7 @@
 setting and seed, then FT (BN C), FT (BN G), FT (BN I), L2P and FedL2P personalize it (the paper's Tables 2-4), on MNIST
 label skew and mnist_c feature shift, Dir(α) with α in {1000, 1, 0.5, 0.1}, seen and unseen
 clients, 3 seeds. The study is studies/fedl2p.toml; this module gives it flags of its own
-(`python -m sweeps.run` finds them here).
+(`python -m sweeps.run` finds them here; `python sweeps/fedl2p.py` is the same command).
 
     python -m sweeps.run fedl2p --data-root ../shared/data               # the README's table, ~15 min
     python -m sweeps.run fedl2p --data-root ../shared/data --ablations   # + Table 5/8's ablations
@@ -17,6 +17,12 @@ figures/fedl2p_policy.png, fedl2p_policy_distance.png (analysis/fedl2p*.py). The
 models are <sweep>/checkpoints/<config hash>.pt; a resumed sweep never pretrains twice.
 """
 from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # `python sweeps/fedl2p.py` is `python -m sweeps.run fedl2p`
+    from sweeps.run import start
+    sys.exit(start(["fedl2p", *sys.argv[1:]]))
 
 import argparse
 from dataclasses import replace

@@ -9,9 +9,13 @@
 
 STUDY is a file (`*.toml`) or the name of one in studies/. `python sweeps/fedselect_grid.py`, the
 main entry, is `python -m sweeps.run fedselect_grid`. A study with flags of its own (FedL2P's
---pretraining, the baselines' presets, ...) has a module beside this one, `sweeps/<stem>.py`,
-whose `STUDY` declares them; its sibling files `studies/<stem>_<preset>.toml` are its presets,
-so `fedl2p_fmnist` is `fedl2p --preset fmnist`.
+--pretraining, the ablation's --variants) has a module beside this one, `sweeps/<stem>.py`, whose
+`STUDY` declares them (`python sweeps/<stem>.py` is `python -m sweeps.run <stem>`). A study's
+sibling files `studies/<stem>_<preset>.toml` are its presets (--preset), so `fedl2p_fmnist` is
+`fedl2p --preset fmnist`.
+
+`--help` (before any study) prints this and the studies, to stdout; with no study named at all,
+the command prints one line of usage and one error to stderr and exits 2.
 """
 from __future__ import annotations
 
@@ -19,9 +23,12 @@ import importlib
 import sys
 from pathlib import Path
 
+USAGE = "usage: python -m sweeps.run STUDY [--FLAG VALUE ...]   (fl-study is the same command)"
+
 
 def resolve(name: str):
     """(Study, arguments it implies) for a study file or a study name (see the module docstring)."""
+    from fl_core.knobs import did_you_mean
     from sweeps.errors import SweepError
     from sweeps.spec import STUDIES
     from sweeps.study import Study, study_of_file
@@ -29,8 +36,9 @@ def resolve(name: str):
     if name.endswith(".toml") or "/" in name:
         return study_of_file(name), []
     if not (STUDIES / f"{name}.toml").exists():
-        known = ", ".join(sorted(p.stem for p in STUDIES.glob("*.toml")))
-        raise SweepError(f"no study {name!r}: give a .toml file or one of the studies in {STUDIES}: {known}")
+        known = study_names()
+        raise SweepError(f"no study {name!r}{did_you_mean(name, known)}: give a .toml file or one of the studies "
+                         f"in {STUDIES}: {', '.join(known)}")
     parts = name.split("_")
     for cut in range(len(parts), 0, -1):  # the longest prefix with a module of its own
         stem = "_".join(parts[:cut])
@@ -44,6 +52,33 @@ def resolve(name: str):
 def study_named(name: str):
     """The Study `python -m sweeps.run NAME` starts, without the preset a sibling file's name implies."""
     return resolve(name)[0]
+
+
+def study_names() -> list[str]:
+    """The names `python -m sweeps.run` takes: the study files in studies/, by their stem."""
+    from sweeps.spec import STUDIES
+
+    return sorted(p.stem for p in STUDIES.glob("*.toml"))
+
+
+def overview(width: int = 118) -> str:
+    """What `python -m sweeps.run --help` prints: the usage, this module's docstring and one line
+    per study (its description's first sentence, or the study and preset it starts)."""
+    from fl_core.knobs import shorten
+    from sweeps.errors import SweepError
+    from sweeps.spec import STUDIES, load_spec
+
+    lines = [USAGE, "", __doc__.strip(), "", f"studies ({STUDIES}; STUDY --help: a study's flags):"]
+    for name in study_names():
+        try:
+            study, implied = resolve(name)
+            about = load_spec(STUDIES / f"{name}.toml").description.split("\n")[0]
+            text = (f"({study.spec.stem} {' '.join(implied)}) " if implied else "") + about
+        except SweepError as err:  # one bad file does not hide the others
+            text = f"cannot be read: {err}"
+        head = f"  {name:<24} "
+        lines.append(head + shorten(text, width - len(head)))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +102,14 @@ def run(argv: list[str]) -> int:
     from sweeps.errors import SweepError
     from sweeps.study import run_study
 
+    if argv and argv[0] in ("-h", "--help"):
+        if len(argv) == 1:
+            sys.stdout.write(overview())
+            return 0
+        argv = [argv[1], "--help", *argv[2:]]  # `--help STUDY [METHOD|all]`: that study's help
     if not argv or argv[0].startswith("-"):
-        print(__doc__.strip() + "\n\nerror: name the study first (e.g. fedselect_grid or studies/x.toml); "
-              "`python -m sweeps.run STUDY --help` lists its flags", file=sys.stderr)
+        print(f"{USAGE}\nerror: name the study first (e.g. fedselect_grid or studies/x.toml); "
+              "`python -m sweeps.run --help` lists the studies", file=sys.stderr)
         return 2
     try:
         study, implied = resolve(argv[0])

@@ -21,6 +21,10 @@ Order of work in `run_study`, so that bad input fails before anything expensive:
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # a part of the runner, not a command
+    from sweeps.commands import not_a_command
+    not_a_command(__file__)
+
 import argparse
 import sys
 from collections.abc import Callable
@@ -118,10 +122,13 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                   if spec.pretraining else ""))
     presets = study.presets
     if len(presets) > 1:
-        parser.add_argument("--preset", choices=tuple(presets), default="default",
-                            help="which study file to start from: " + "; ".join(
-                                f"{name} = {path.parent.name}/{path.name}" for name, path in presets.items())
-                            + " (flags still override it; --help shows the default file's values) (default: default)")
+        names = tuple(presets)
+        parser.add_argument("--preset", choices=names, default="default",
+                            help=f"the study file to use: {', '.join(names[:-1])} or {names[-1]}. "
+                                 + ", ".join(f"{name} = {path.parent.name}/{path.name}"
+                                             for name, path in presets.items())
+                                 + "; flags still override it, and --help shows the default file's values "
+                                   "(default: default, the file itself)")
     if study.add_arguments:
         study.add_arguments(parser)
     _method_arguments(parser, spec)
@@ -177,7 +184,7 @@ def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
                      help="GPUs per trial: a fraction packs trials (0.25 = four per GPU); auto = 0.25 on a "
                           "cluster with GPUs, 0 without (default: auto)")
     run.add_argument("--address", default=None,
-                     help="join an existing Ray cluster (e.g. auto, or HEAD:6379) (default: none, start a local one)")
+                     help="join a running Ray cluster: auto, or HEAD:PORT (default: none, start a local one)")
     run.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once (default: none)")
     run.add_argument("--max-failures", type=int, default=2,
                      help="retries of a crashed trial, from its checkpoint (default: 2)")

@@ -97,7 +97,7 @@ def test_help_is_a_summary_under_80_lines_with_each_method_on_request():
     assert len(summary.splitlines()) < 80
     for name in COMMON_KNOBS:  # one line per common knob, with its default where it has one
         assert "--" + name.replace("_", "-") in summary, name
-    assert "--pers-rate" not in summary and "(default 20)" in summary  # rounds
+    assert "--pers-rate" not in summary and "(default: 20)" in summary  # rounds
     assert "--help METHOD, METHOD one of fedselect, fedavg," in summary
     fedbabu = help_of("--help", "fedbabu")
     assert {"--ft-epochs", "--weak-epochs", "--slim-ratios"} <= set(re.findall(r"--[a-z-]+", fedbabu))
@@ -160,19 +160,24 @@ def test_a_full_disk_mid_run_is_one_error_and_keeps_the_rounds_written(tmp_path,
 @pytest.mark.parametrize("command, args, code, needle", [
     ("fl-run", ["--help"], 0, "usage: python -m fl_core"),
     ("fl-tables", ["--help"], 0, "usage: python -m analysis.tables"),
+    ("fl-study", ["--help"], 0, "  fedselect_grid_paper     (fedselect_grid --preset paper) FedSelect grid"),
+    ("fl-study", ["fedl2p", "--help"], 0, "usage: python -m sweeps.run fedl2p [--FLAG VALUE ...]"),
     ("fl-study", [], 2, "error: name the study first"),
     ("fl-study", ["studies/fedselect_grid.toml", "--dry-run"], 0, "anchor"),
     ("fl-study", ["fedselect_grid", "--dry-run"], 0, "anchor"),
 ])
 def test_console_scripts_are_the_module_commands(command, args, code, needle, tmp_path):
     """`pip install -e .` puts the engine, the study runner and the tables on PATH (pyproject's
-    [project.scripts]); each is the `python -m` command of the same name."""
+    [project.scripts]); each is the `python -m` command of the same name. Help and results go to
+    stdout (`fl-study --help | less` shows them), errors to stderr."""
     script = Path(sys.executable).parent / command
     assert script.exists(), f"{script}: run scripts/setup.sh (pyproject.toml changed)"
     done = subprocess.run([str(script), *args, *(["--results", str(tmp_path)] if "--dry-run" in args else [])],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr[-2000:]
-    assert needle in done.stdout + done.stderr
+    assert needle in (done.stdout if code == 0 else done.stderr)
+    if "--dry-run" not in args:  # nothing on the other stream
+        assert (done.stdout if code else done.stderr) == ""
 
 
 def test_a_single_run_of_a_small_cnn_takes_one_thread_unless_told(tmp_path, capsys):
@@ -213,8 +218,163 @@ def test_a_study_starts_by_its_name_its_presets_name_or_its_file(tmp_path, capsy
     own = tmp_path / "mine.toml"
     own.write_text((STUDIES / "tuned_digits.toml").read_text())
     assert resolve(str(own))[0].spec == own
-    with pytest.raises(SweepError, match="no study 'baselines_fmnst': give a .toml file or one of the studies in .*"
-                                         "baselines_fmnist"):
+    with pytest.raises(SweepError, match=r"no study 'baselines_fmnst' \(did you mean baselines_fmnist\?\): give a "
+                                         ".toml file or one of the studies in .*baselines_fmnist"):
         resolve("baselines_fmnst")
     assert run(["ablation", "--variants", "gradselect", "--dry-run", "--results", str(tmp_path)]) == 0
     assert "gradselect" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- the commands' help and names
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_study_command_help_lists_the_studies_on_stdout_and_exits_0(flag, capsys):
+    from sweeps.run import run, study_names
+
+    assert run([flag]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("usage: python -m sweeps.run STUDY")
+    names = study_names()
+    assert {"fedselect_grid", "fedl2p", "fedl2p_fmnist", "ablation"} <= set(names)
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0] in names]
+    assert listed == names  # one line each, in order
+    assert "  fedl2p_fmnist            (fedl2p --preset fmnist) FedL2P" in out
+
+
+def test_the_study_command_without_a_study_is_usage_and_one_error_on_stderr(capsys):
+    from sweeps.run import run
+
+    for argv in ([], ["--dry-run"]):
+        assert run(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 2 and err.startswith("usage: python -m sweeps.run STUDY")
+        assert "error: name the study first" in err
+
+
+def test_help_before_a_study_is_that_studys_help_on_stdout(capsys):
+    from sweeps.run import run
+
+    with pytest.raises(SystemExit) as stop:
+        run(["--help", "ablation"])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 0 and err == "" and out.startswith("usage: python -m sweeps.run ablation ")
+    assert "--variants" in out
+
+
+def test_a_misspelt_study_is_one_line_with_a_guess(capsys):
+    from sweeps.run import run
+
+    assert run(["fedselect_gird"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("error: no study 'fedselect_gird' (did you mean fedselect_grid?): give a .toml file")
+    assert run(["zzz_nothing"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "fedselect_grid, fedselect_grid_fmnist" in err  # the list, no guess
+
+
+def summaries() -> dict[str, str]:
+    """The one-line summaries `--help` prints: two studies (one with flags of its own), the
+    engine, and every method's `--help METHOD` of the engine."""
+    from fl_core.__main__ import build_parser
+    from sweeps.run import study_named
+    from sweeps.study import build_parser as study_parser
+
+    engine = build_parser()
+    shown = {"fl-run": engine.help_text(""),
+             **{f"fl-study {name}": study_parser(study_named(name)).help_text("") for name in ("fedselect_grid",
+                                                                                             "fedl2p")}}
+    return shown | {f"fl-run --help {m}": engine.help_text(m) for m in engine.method_knobs}
+
+
+def test_every_summary_line_fits_and_is_never_cut_inside_brackets():
+    for command, text in summaries().items():
+        assert "==SUPPRESS==" not in text and "--inject-crash-at-round" not in text, command
+        for line in (line for line in text.splitlines() if line.startswith("  -")):
+            assert len(line) <= 118, (command, line)
+            assert "(default default" not in line and "(default: )" not in line, (command, line)
+            assert re.search(r"e\.g(?!\.)|i\.e(?!\.)", line) is None, (command, line)  # "(e.g" cut
+            for part in line.split(" (default: "):
+                assert part.count("(") == part.count(")") or part.endswith(")"), (command, line)
+                if "…" in part:  # cut after a word, at no open bracket
+                    before = part[:part.index("…")]
+                    assert before.count("(") == before.count(")") and before.count("[") <= before.count("]"), line
+
+
+def test_summary_lines_read_right():
+    shown = summaries()
+    grid, fedl2p, engine = shown["fl-study fedselect_grid"], shown["fl-study fedl2p"], shown["fl-run"]
+    line = {text: {ln.split()[0]: ln for ln in text.splitlines() if ln.startswith("  --")} for text in shown.values()}
+    assert line[grid]["--preset"].endswith("the study file to use: default, fmnist or paper "
+                                           "(default: default, the file itself)")
+    assert line[fedl2p]["--preset"].endswith("default, fmnist or table1 (default: default, the file itself)")
+    assert line[grid]["--address"].endswith("join a running Ray cluster: auto, or HEAD:PORT "
+                                            "(default: none, start a local one)")
+    assert line[grid]["--seeds"].endswith("(default: 0 1 2)")  # the study file's values, no parser default
+    assert line[grid]["--corruptions"].endswith("(default: empty)")
+    assert line[grid]["--momentum"].endswith("(default: 0.0)")  # a zero is a default too
+    assert line[fedl2p]["--pretraining-rounds"].endswith("rounds of the pretraining (default: the study file's, 15)")
+    assert line[engine]["--rounds"].endswith("communication rounds (default: 20)")
+    assert line[engine]["--weight-decay"].endswith("local SGD weight decay (default: 0.0)")
+    assert line[engine]["--algorithm"].endswith("federated algorithm… (default: fedselect)")
+    assert "(default" not in line[engine]["--no-reproducible"]  # a switch
+
+
+def test_a_flag_summary_is_the_first_sentence_cut_at_a_word_outside_brackets():
+    import argparse
+
+    from fl_core.knobs import shorten, summary_help
+
+    action = argparse.Action(["--x"], "x", default=None,
+                             help="join a cluster (e.g. auto, or HEAD:6379). More (default: none, start one)")
+    assert summary_help(action) == ("join a cluster (e.g. auto, or HEAD:6379)", "none, start one")
+    assert shorten("join a cluster (e.g. auto, or HEAD:6379)", 30) == "join a cluster…"
+    assert shorten("a b (see c d e f g h)", 12) == "a b…"
+    assert shorten("(see c d e f g h) x", 10) == "(see c d…)"  # every word in brackets: closed after the cut
+    assert shorten("short", 5) == "short"
+    for room in range(2, 40):
+        assert len(shorten("join a cluster (e.g. auto, or HEAD:6379) now", room)) <= room
+    plain = argparse.Action(["--y"], "y", default=["a", "b"], help="values; one of a, b, c")
+    assert summary_help(plain) == ("values", "a b")
+
+
+def sweeps_modules() -> list[str]:
+    return sorted(p.name for p in (REPO / "sweeps").glob("*.py"))
+
+
+@pytest.mark.parametrize("module", [m for m in sweeps_modules()
+                                    if re.search(r"^STUDY = ", (REPO / "sweeps" / m).read_text(), re.M)])
+def test_a_study_module_run_as_a_script_runs_its_study(module, tmp_path):
+    done = subprocess.run([sys.executable, f"sweeps/{module}", "--seeds", "0", "--dry-run", "--results",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"study {module.removesuffix('.py')} (") and "trials in all" in done.stdout
+
+
+def test_portable_names_have_no_character_an_os_refuses():
+    from fl_core.knobs import portable_name
+
+    assert portable_name("my_methods.fedavgm:FedAvgM") == "my_methods.fedavgm.FedAvgM"
+    assert portable_name("fedselect") == "fedselect"
+    assert portable_name('a b/c\\d<e>|f?g*h"') == "a_b_c_d_e__f_g_h_"
+    assert portable_name(".hidden.") == "hidden"
+
+
+def test_an_external_methods_run_folder_has_a_portable_name(tmp_path, monkeypatch, capsys):
+    package = tmp_path / "my_ext"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "plain.py").write_text("from fl_core.algorithms.fedavg import FedAvg\n\n\n"
+                                      "class Plain(FedAvg):\n    name = 'plain'\n    display = 'Plain'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(TINY + ["--algorithm", "my_ext.plain:Plain"]) == 0
+    finally:
+        for name in [m for m in sys.modules if m == "my_ext" or m.startswith("my_ext.")]:
+            del sys.modules[name]
+    runs = list((tmp_path / "results" / "runs").iterdir())
+    assert len(runs) == 1 and re.fullmatch(r"my_ext\.plain\.Plain-[0-9a-f]+", runs[0].name), runs
+    rounds = pd.read_parquet(runs[0] / "rounds.parquet")
+    assert rounds.algorithm.unique().tolist() == ["my_ext.plain:Plain"]  # the rows keep the method's own name
+    assert runs[0].name.endswith(rounds.config_hash.iloc[0])
+    assert f"wrote results/runs/{runs[0].name}/rounds.parquet" in capsys.readouterr().out
