@@ -499,35 +499,63 @@ def verdict_of(row: pd.Series) -> dict:
 
 # ---------------------------------------------------------------- the page
 
-# The page's columns: the claim and its verdict first, then the numbers behind it, then where it
-# comes from and how it ran (the last columns may scroll on a narrow screen; the verdict never does)
-PAGE = (("Claim", "claim"), ("Verdict", "verdict"), ("Ours, A vs B (%)", "ours"), ("A − B, 95 % CI (pp)", "difference"),
-        ("Holm p", "holm_p"), ("Seeds", "seeds"), ("Test", "test"), ("Type", "type"), ("Source", "source"),
-        ("Paper's number", "paper_number"), ("Sweep", "study"), ("Setting", "setting"), ("Scale", "scale"),
-        ("Differs from the paper", "differs"))
-HEADER = tuple(h for h, _ in PAGE)
-KEYS = tuple(k for _, k in PAGE if k != "verdict")
+# The page shows its evidence first: a verdict table of narrow columns (a row per claim, sweep and
+# data setting, numbered), each caption above its table; then what stands behind each row (by its
+# number), where each claim is made, and what each sweep changes from the paper and how it chose
+# its configurations, each said once rather than in every row.
+VERDICTS = (("#", "row"), ("Claim", "claim"), ("Sweep", "study"), ("Setting", "setting"), ("Verdict", "verdict"),
+            ("A − B, 95 % CI (pp)", "difference"), ("Holm p", "holm_p"), ("Seeds", "seeds"))
+DETAILS = (("#", "row"), ("Ours, A vs B (%)", "ours"), ("Test", "test"), ("Type", "type"), ("Scale", "scale"))
+SOURCES = (("Claim", "claim"), ("Source", "source"), ("Paper's number", "paper_number"))
+SWEEPS = (("Sweep", "study"), ("Differs from the paper", "differs"), ("Configurations compared", "selection"))
+HEADER = tuple(h for h, _ in VERDICTS)
+KEYS = ("claim", "study", "setting", "difference", "holm_p", "seeds", "ours", "test", "type", "source",
+        "paper_number", "scale", "differs")  # the plain-text output's columns, before the verdict
+CAPTIONS = {
+    "verdicts": "**Verdicts.** One row per claim, sweep and data setting: the verdict, the difference A − B "
+                "between the claim's method and its reference (percentage points, mean over the common seeds, "
+                "95 % t interval), the p-value behind the verdict after Holm's correction within the paper, and "
+                "the seeds compared. The tables below give each row's numbers and test (by #), each claim's "
+                "source and each sweep's differences from the paper.",
+    "details": "**Behind each row.** Our accuracies of A and B (%, mean over the common seeds), the test and "
+               "its Holm family, the claim's type (its margin), and the scale the sweep ran at.",
+    "sources": "**Where each claim is made.** The paper and table, and the paper's own number.",
+    "sweeps": "**The sweeps.** What each changes from the paper it tests, and how it chose the configuration "
+              "of each method it compares (never on test accuracy).",
+}
 
 
 def cell(row: dict, key: str) -> str:
     value = row[key]
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if key == "seeds":
+    if key in ("seeds", "row"):
         return f"{int(value)}"
+    if key == "verdict":
+        note = cell(row, "note")
+        return f"**{value}**" + (f" {note}" if note else "")
     return f"{value:.2g}" if key == "holm_p" else str(value)
 
 
+def markdown_table(rows: list[dict], columns: tuple[tuple[str, str], ...], caption: str) -> list[str]:
+    """A caption paragraph, then its table (one line per row), then a blank line."""
+    lines = [caption, "", "| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row, k).replace("|", "\\|") for _, k in columns) + " |" for row in rows]
+    return lines + [""]
+
+
 def to_markdown(table: pd.DataFrame) -> str:
-    """The claims page: the table, then how each sweep's configurations were chosen."""
+    """The claims page: the verdict table first, then each row's details (by its number), each
+    claim's source, and each sweep's differences from the paper and how it chose its configurations."""
     table = table.reindex(columns=list(COLUMNS)).astype(object)
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for row in table.to_dict("records"):
-        verdict = f"**{row['verdict']}**" + (f" {row['note']}" if cell(row, "note") else "")
-        lines.append("| " + " | ".join(verdict if k == "verdict" else cell(row, k) for _, k in PAGE) + " |")
-    chosen = table.dropna(subset=["selection"]).drop_duplicates("study")
-    notes = [f"Configurations compared in {s}: {how}." for s, how in zip(chosen["study"], chosen["selection"]) if how]
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+    rows = [row | {"row": i} for i, row in enumerate(table.to_dict("records"), 1)]
+    sources = list({(r["claim"], cell(r, "source"), cell(r, "paper_number")): r for r in rows}.values())
+    sweeps = list({cell(r, "study"): r for r in rows if cell(r, "study")}.values())
+    lines = markdown_table(rows, VERDICTS, CAPTIONS["verdicts"]) + markdown_table(rows, DETAILS, CAPTIONS["details"])
+    lines += markdown_table(sources, SOURCES, CAPTIONS["sources"])
+    if sweeps:
+        lines += markdown_table(sweeps, SWEEPS, CAPTIONS["sweeps"])
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

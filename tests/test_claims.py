@@ -79,6 +79,28 @@ def test_a_row_names_its_source_the_scale_it_ran_at_and_what_differs_from_the_pa
         "DisPFL (Dai et al., ICML 2022), not in our copy")
 
 
+def test_the_page_puts_the_verdict_table_first_and_each_caption_above_its_table(tmp_path):
+    claims = [superiority(), Claim("P", "A is comparable to B", "12 vs 11", (STUDY,), EQUIVALENCE, "A", "B",
+                                   source="P, Table 2")]
+    rows = judged(tmp_path, {"A": BASE + BETTER, "B": BASE}, claims)
+    page = to_markdown(rows)
+    blocks = page.rstrip("\n").split("\n\n")
+    tables = [i for i, b in enumerate(blocks) if b.startswith("|")]
+    assert tables[0] == 1 and all(blocks[i - 1].startswith("**") for i in tables)  # a caption above every table
+    verdicts, details = (blocks[i].splitlines() for i in tables[:2])
+    assert verdicts[0] == "| # | Claim | Sweep | Setting | Verdict | A − B, 95 % CI (pp) | Holm p | Seeds |"
+    first = rows.iloc[0]
+    assert verdicts[2] == (f"| 1 | A outperforms B | s | {SETTING} | **holds** | {first['difference']} | "
+                           f"{first['holm_p']:.2g} | 5 |")
+    assert verdicts[3].startswith("| 2 | A is comparable to B | s |")
+    # the rest by the row's number: ours, the test, the type, the scale; sources once per claim
+    assert details[0] == "| # | Ours, A vs B (%) | Test | Type | Scale |"
+    assert details[2] == f"| 1 | {first['ours']} | {first['test']} | {first['type']} | {first['scale']} |"
+    assert "| A is comparable to B | P, Table 2 | 12 vs 11 |" in page
+    assert f"| s | {first['differs']} | {first['selection']} |" in page
+    assert len(page.splitlines()[2].split(" | ")) == 8   # eight narrow columns, the verdict's among them
+
+
 def test_inconclusive_prints_the_difference_the_seeds_could_have_detected(tmp_path):
     row = judged(tmp_path, {"A": BASE + NOISE, "B": BASE}, [superiority()]).iloc[0]
     d = paired.difference(pd.Series(BASE + NOISE), pd.Series(BASE))
