@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import VALIDATED, chosen_key, config_keys, config_knobs, final_rows, selection_basis
+from analysis.common import (VALIDATED, chosen_key, config_keys, config_knobs, final_rows, methods_order,
+                             selection_basis, settings_order)
 from analysis.load import diverged  # the tables' rule: a diverged run is a result, not a number
 from analysis.stats import mean_ci  # the one definition of the interval, beside the tables'
 
@@ -22,6 +23,7 @@ from .spec import budget_line
 from .trials import UNFINISHED, status_counts
 
 SETTING_KNOBS = ("algorithm", "dataset", "partition", "shards_per_client", "dir_alpha")  # in `method`/`setting`
+SETTING_COLUMNS = {"setting", *SETTING_KNOBS[1:]}  # what analysis.common.settings_order orders by
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # the disk refused a write
 
 
@@ -107,8 +109,8 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
     swept knobs `knobs`, chosen by the tables' rule (`analysis.common.chosen_key`: the best mean
     validation accuracy over seeds where the cell has a validation split, else the declared one,
     run on the most seeds, ties to the grid's first point; never test accuracy), with its final
-    test accuracy (mean ± std over seeds), highest first (the methods compared; their configurations
-    were chosen without test accuracy); the anchors stand beside the tuned method.
+    test accuracy (mean ± std over seeds), in the tables' order (settings, then the registry's
+    order of methods: nothing here is ranked by test accuracy).
     Runs that diverged (analysis.load.diverged) are left out of the accuracy, its interval and
     `seeds`, and counted in `diverged`. `95% CI`: the t interval of the mean over seeds
     (analysis.stats.mean_ci)."""
@@ -116,7 +118,7 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
     keys = [*cell, "method", *[k for k in knobs if k not in (*cell, "method")]]
     done = done.assign(config_key=config_keys(done))
     ran = done[done["acc_mean"].notna()]
-    swept = config_knobs(done.columns)
+    swept = config_knobs(done)
     chosen = {chosen_key(part, swept) for _, part in ran.groupby([*cell, "method"], dropna=False, sort=False)}
     done = done[done["config_key"].isin(chosen)]
     lost = diverged(done)
@@ -125,7 +127,12 @@ def best_per_setting(done: pd.DataFrame, knobs: list[str]) -> pd.DataFrame:
     stats["mb"] = grouped["mb_total"].mean().to_numpy()
     stats["lost"] = grouped["lost"].sum().to_numpy()
     stats["ci"] = [mean_ci(values) for _, values in grouped["acc_mean"]]  # the groups in the order of agg
-    stats = stats.sort_values([*cell, "mean"], ascending=[*[True] * len(cell), False], kind="stable")
+    settings = settings_order(done) if SETTING_COLUMNS <= set(done.columns) else sorted(done["setting"].unique())
+    methods = methods_order(done) if "algorithm" in done else list(dict.fromkeys(done["method"]))
+    order = {"setting": settings, "method": methods}   # the tables' order, never accuracy
+    stats = stats.sort_values([*cell, "method"], kind="stable",
+                              key=lambda col: col.map({v: i for i, v in enumerate(order[col.name])})
+                              if col.name in order else col)
     stats["acc"] = [f"{m:.4f} ± {sd:.4f}" if n > 1 else f"{m:.4f}" if n else "-" for m, sd, n in
                     zip(stats["mean"], stats["std"], stats["count"])]
     stats["95% CI"] = [f"[{low:.4f}, {high:.4f}]" if n > 1 else "-"

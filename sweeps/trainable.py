@@ -31,7 +31,10 @@ rather than Tune checkpoints. Reason: when the driver is killed (SIGKILL), Tune'
 snapshot can name a trial checkpoint that `CheckpointConfig(num_to_keep)` has already deleted, and
 `Tuner.restore` then fails for that trial; keeping every checkpoint instead costs one state per
 round. With one file per trial, a retry (`FailureConfig`), a `--resume` after SIGINT and one after
-SIGKILL all continue from the newest saved round. The file also keeps the final masks.
+SIGKILL all continue from the newest saved round. Once a trial has finished and its rows (and
+masks) are written, its state is replaced by a record of a few bytes that holds its last report
+(`_prune`): a resume reports it again without the clients' models, which were most of a sweep's
+disk. A pretraining keeps its whole state (a lost model is rewritten from it).
 
 A round's state is saved after its report returns, which with Tune's synchronous reporting means
 after the driver has acted on it (a scheduler's decision included): a report lost to an
@@ -53,7 +56,7 @@ import torch
 from ray import tune
 
 from fl_core import kernels
-from fl_core.checkpoints import checkpoint_path, save_model
+from fl_core.checkpoints import checkpoint_path, save_model, torch_save_atomic
 from fl_core.data import FederatedData, load_data
 from fl_core.results import (REPORT_ROUND_KEYS, client_rows, fell_to_chance, lost_losses, mask_rows, round_rows,
                              summarize_round)
@@ -136,8 +139,10 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
     sim, progress = _restored(run, data, folder, saved)
     if not saved.exists():
         parquet_sink.write_clients(folder, key, client_rows(sim.data, run, **context))
-    if sim.completed == run.rounds:  # finished before an interruption: repair, report it again
-        _finish(folder, sim, hands_on)
+    if sim.completed == run.rounds or progress.get("finished"):  # finished before an interruption: report it again
+        if not progress.get("finished"):
+            _finish(folder, sim, hands_on)  # repair what an interruption left unwritten, then prune
+            _prune(folder, sim, saved, progress, hands_on)
         if progress["last_report"]:
             tune.report(progress["last_report"])
         return
@@ -157,6 +162,7 @@ def run_trial(config: dict[str, Any], *, data_refs: dict[str, Any], sweep_dir: s
         if done:  # saved first: a finished trial is never run again (its last report is repeated)
             sim.save(saved, **progress)
             _finish(folder, sim, hands_on)
+            _prune(folder, sim, saved, progress, hands_on)
         tune.report(report)  # returns once the driver has acted on it (Tune's synchronous reporting)
         if not done and (result.round % checkpoint_every == 0 or result.round == stop_after):
             sim.save(saved, **progress)  # after the report: a round whose report was lost runs again
@@ -185,16 +191,47 @@ def _reported(progress: dict[str, Any], rows: pd.DataFrame, rnd: int, done: bool
                     "peak": max(peak, 0.0 if math.isnan(accuracy) else accuracy)}
 
 
+def _prune(folder: Path, sim: Simulation, saved: Path, progress: dict[str, Any], hands_on: bool) -> None:
+    """A finished trial whose outputs are all written keeps, instead of its full state (every
+    client's model: most of a sweep's disk), a record of a few bytes that says it finished and
+    holds its last report: all a resume needs to report it again. Kept whole: a pretraining's
+    state (a lost model is rewritten from it), and any state whose outputs are not all there."""
+    key = sim.config.config_hash()
+    masks = (folder / "masks" / f"{key}.parquet").exists()  # `_finish` wrote them, if the method has any
+    if parquet_sink.trial_path(folder, key).exists() and not hands_on:
+        torch_save_atomic({"finished": True, "completed": sim.completed, "masks": masks,
+                           "extra": progress | {"finished": True}}, saved)
+
+
+def _finished_record(folder: Path, key: str, state: dict[str, Any]) -> dict[str, Any] | None:
+    """The progress a pruned state (`_prune`) holds, if the outputs it vouches for are still there
+    (None: they are not, and the trial runs again from round 1)."""
+    if not state.get("finished"):
+        return None
+    whole = parquet_sink.trial_path(folder, key).exists() and (
+        not state.get("masks") or (folder / "masks" / f"{key}.parquet").exists())
+    return state["extra"] if whole else None
+
+
 def _restored(run, data: FederatedData, folder: Path, saved: Path) -> tuple[Simulation, dict[str, Any]]:
-    """The trial's simulation and progress, from its saved state where it has one; a state that
-    cannot be restored is set aside with the trial's files, and the trial runs again from round 1."""
+    """The trial's simulation and progress, from its saved state where it has one (a finished
+    trial's pruned record: its progress, `finished` set); a state that cannot be restored, or a
+    record whose outputs went missing, is set aside with the trial's files, and the trial runs
+    again from round 1."""
     sim = Simulation(run, data)
     progress: dict[str, Any] = {"mb_total": 0.0, "objective": math.nan, "selection": math.nan, "last_report": None}
     if not saved.exists():
         return sim, progress
     key = run.config_hash()
     try:
-        return sim, sim.restore(saved)
+        state = torch.load(saved, map_location="cpu", weights_only=True)
+        if state.get("finished"):
+            record = _finished_record(folder, key, state)
+            if record is None:
+                raise ValueError("a finished trial's record, but its rows or masks are missing")
+            return sim, record
+        sim.load_state_dict(state)
+        return sim, state.get("extra", {})
     except Exception as err:  # noqa: BLE001 - a damaged file fails in torch's reader or in unpickling
         aside = damage.move_aside(folder, damage.trial_files(folder, key), time.strftime("%Y%m%d-%H%M%S"))
         logging.getLogger(__name__).warning("trial %s: its state %s cannot be restored (%s: %s); its files are "

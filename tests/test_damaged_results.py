@@ -116,6 +116,29 @@ def test_a_trial_whose_state_cannot_be_restored_starts_over_with_the_same_rows(t
     assert len(list((folder / "damaged").rglob(f"{key}.pt"))) == 1
 
 
+def test_a_finished_trial_keeps_a_record_not_its_clients_models_and_a_resume_reports_it_again(tmp_path, outside_tune):
+    """The state of a finished trial is pruned to its last report once its rows and masks are
+    written: a second run reports that round again without training, and a record whose rows went
+    missing runs the trial again from round 1, to the same rows."""
+    folder = tmp_path / "s"
+    key = run_one(folder)
+    saved, rows = trainable.state_path(folder, key), read_trial(folder, key)
+    record = torch.load(saved, weights_only=True)
+    assert record["finished"] and record["masks"] and "clients" not in record and saved.stat().st_size < 4096
+    last, stamp = outside_tune[-1], parquet_sink.trial_path(folder, key).stat().st_mtime_ns
+    outside_tune.clear()
+    run_one(folder)
+    assert [(r["round"], r["acc_mean"], r["reported_at"]) for r in outside_tune] == [
+        (last["round"], last["acc_mean"], last["reported_at"])]               # the same report, made again
+    assert parquet_sink.trial_path(folder, key).stat().st_mtime_ns == stamp
+    parquet_sink.trial_path(folder, key).unlink()
+    outside_tune.clear()
+    run_one(folder)
+    assert [r["round"] for r in outside_tune] == [1, 2, 3]
+    count, _, problems = differences(rows, read_trial(folder, key))
+    assert count == len(rows) and problems == []
+
+
 def test_a_repair_run_stops_after_the_round_it_is_given(tmp_path, outside_tune):
     folder = tmp_path / "s"
     key = run_one(folder, stop_after=2)

@@ -110,7 +110,8 @@ def test_the_guides_study_keeps_each_momentum_a_configuration_of_its_own(guide, 
     convergence = (folder / "tables" / "convergence.md").read_text()
     lines = [line for line in convergence.splitlines() if "FedAvgM" in line]
     assert len(lines) == 2 and all("server_momentum=0.5" in line or "server_momentum=0.9" in line for line in lines)
-    assert "| 4 |" not in convergence and convergence.count("| 2 |") >= 3   # Seeds: 2 per configuration
+    seeds = re.findall(r"(\d+) seeds?\b", convergence) + re.findall(r"\| (\d+) \|\s*$", convergence, re.M)
+    assert seeds and set(seeds) == {"2"}   # 2 seeds per configuration, wherever the table states it
     printed = best_per_setting(trials, ["server_momentum"])
     assert printed.set_index("method").loc["FedAvgM", "seeds"] == 2
 
