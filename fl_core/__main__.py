@@ -21,14 +21,26 @@ EXAMPLE = ("example: python -m fl_core --algorithm fedselect --dataset digits --
            "--seed 0 --results results/demo")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def named_external(argv: list[str]) -> tuple[str, ...]:
+    """The method outside the registry that `--algorithm` names in `argv` (`package.module:Class`),
+    if any: its knobs get flags as a registered method's do."""
+    from .algorithms import is_external
+
+    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--algorithm"]
+    given += [a.partition("=")[2] for a in argv if a.startswith("--algorithm=")]
+    return tuple(a for a in given if is_external(a))
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from .config import add_run_arguments
     from .knobs import OneLineParser
 
     parser = OneLineParser(
         prog="python -m fl_core", description=__doc__.split("\n\n")[0] + "\n\n" + EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(parser)
+    external = named_external(argv or [])
+    add_run_arguments(parser, external=external)
+    parser.set_defaults(external_methods=external)
     parser.add_argument("--results", type=Path, default=None,
                         help="output folder for rounds.parquet and clients.parquet (default: results/runs/"
                              "<algorithm>-<config hash>). An external method's package.module:Class is written "
@@ -67,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     from .knobs import portable_name
     from .results import results_problem
 
-    args = vars(build_parser().parse_args(argv))
-    results_dir = args.pop("results")
-    reproducible = args.pop("reproducible")
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        common, method = split_run_arguments(args)
+        parser = build_parser(argv)
+    except ConfigError as err:  # a method outside the registry that does not import
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args = vars(parser.parse_args(argv))
+    results_dir, reproducible, external = args.pop("results"), args.pop("reproducible"), args.pop("external_methods")
+    try:
+        common, method = split_run_arguments(args, external)
         config = RunConfig(**common, **method)
         results_dir = results_dir or Path("results/runs") / f"{portable_name(config.algorithm)}-{config.config_hash()}"
         unusable = results_problem(results_dir)

@@ -27,12 +27,13 @@ if __name__ == "__main__":  # a part of the runner, not a command
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, knob_owners
+from fl_core.algorithms import is_external
+from fl_core.config import COMMON_KNOBS, ConfigError, RunConfig, add_run_arguments, method_knob_owners
 from fl_core.data import DataError
 from fl_core.knobs import OneLineParser
 from fl_core.kernels import OPT_OUT
@@ -107,7 +108,16 @@ def range_or_value(parse, kind):
     return value
 
 
-def build_parser(study: Study) -> argparse.ArgumentParser:
+def external_methods(study: Study, argv: Sequence[str] = ()) -> tuple[str, ...]:
+    """The methods outside the registry (`package.module:Class`) a run of `study` may have: those
+    its files (each preset's) name and those the command line names (--algorithms, --anchors)."""
+    named = [m.algorithm for path in study.presets.values() for m in load_spec(path).methods]
+    return tuple(dict.fromkeys(a for a in [*named, *argv] if is_external(a)))
+
+
+def build_parser(study: Study, argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The study's flags; a method outside the registry that the study or `argv` names gets its
+    knobs' flags as a registered method has them."""
     spec = load_spec(study.spec)
     parser = OneLineParser(
         prog=f"python {study.script}", description=spec.description,
@@ -131,13 +141,15 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                                    "(default: default, the file itself)")
     if study.add_arguments:
         study.add_arguments(parser)
-    _method_arguments(parser, spec)
+    external = external_methods(study, argv)
+    _method_arguments(parser, spec, external)
     _result_arguments(parser)
     _search_arguments(parser, spec)
+    parser.set_defaults(external_methods=external)  # given_knobs: their knobs are knobs too
     return parser
 
 
-def _method_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
+def _method_arguments(parser: argparse.ArgumentParser, spec: StudySpec, external: tuple[str, ...] = ()) -> None:
     """The compared methods, the anchors, the seeds and every knob (defaults from the study file)."""
     methods = parser.add_argument_group("methods and seeds")
     methods.add_argument("--algorithms", nargs="+", default=argparse.SUPPRESS, metavar="ALGORITHM",
@@ -151,8 +163,8 @@ def _method_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
     methods.add_argument("--seeds", type=int, nargs="+", default=argparse.SUPPRESS,
                          help="one trial per seed and configuration; tables report mean ± std over seeds "
                               f"(default: {show_value(list(spec.seeds))})")
-    add_run_arguments(parser, skip=NOT_FLAGS, many=_all_knobs(), defaults=spec_defaults(spec), only_given=True,
-                      wrap_type=range_or_value)
+    add_run_arguments(parser, skip=NOT_FLAGS, many=_all_knobs(external), defaults=spec_defaults(spec),
+                      only_given=True, wrap_type=range_or_value, external=external)
 
 
 def _result_arguments(parser: argparse.ArgumentParser) -> None:
@@ -215,13 +227,15 @@ def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
     run.add_argument("--inject-crash-at-round", type=int, default=None, help=argparse.SUPPRESS)  # test hook
 
 
-def _all_knobs() -> tuple[str, ...]:
-    return (*COMMON_KNOBS, *knob_owners())
+def _all_knobs(external: Sequence[str] = ()) -> tuple[str, ...]:
+    return (*COMMON_KNOBS, *method_knob_owners(external))
 
 
 def given_knobs(args: argparse.Namespace) -> dict[str, Any]:
-    """The knob flags given on the command line (the others are absent: the file holds them)."""
-    return {k: v for k, v in vars(args).items() if k in COMMON_KNOBS or k in knob_owners()}
+    """The knob flags given on the command line (the others are absent: the file holds them),
+    a method's outside the registry included."""
+    knobs = _all_knobs(getattr(args, "external_methods", ()))
+    return {k: v for k, v in vars(args).items() if k in knobs}
 
 
 def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
@@ -239,7 +253,7 @@ def study_spec(study: Study, args: argparse.Namespace) -> StudySpec:
 # ====================================================================== the run
 def run_study(study: Study, argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser(study)
+        parser = build_parser(study, argv or ())
         args = parser.parse_args(argv)
         plan, gpus = plan_sweep(study, args)
         if args.dry_run:

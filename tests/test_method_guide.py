@@ -8,6 +8,7 @@ import importlib
 import re
 import sys
 
+import pandas as pd
 import pytest
 
 from fl_core.algorithms import is_external
@@ -114,6 +115,36 @@ def test_the_guides_study_keeps_each_momentum_a_configuration_of_its_own(guide, 
     assert seeds and set(seeds) == {"2"}   # 2 seeds per configuration, wherever the table states it
     printed = best_per_setting(trials, ["server_momentum"])
     assert printed.set_index("method").loc["FedAvgM", "seeds"] == 2
+
+
+def test_its_knobs_are_command_line_flags_of_a_run_and_of_a_study(guide, tmp_path, capsys):
+    from fl_core.__main__ import main as fl_run
+    from sweeps.study import build_parser, plan_sweep, study_of_file
+
+    folder = tmp_path / "run"
+    assert fl_run(["--algorithm", FEDAVGM, "--server-momentum", "0.5", "--dataset", "synthetic", "--num-clients",
+                   "3", "--rounds", "1", "--results", str(folder)]) == 0
+    assert pd.read_parquet(folder / "rounds.parquet")["server_momentum"].unique().tolist() == [0.5]
+    with pytest.raises(SystemExit) as refused:                 # not a flag of a run of a registered method
+        fl_run(["--server-momentum", "0.5", "--rounds", "1"])
+    assert refused.value.code == 2 and "--server-momentum" in capsys.readouterr().err
+    study = tmp_path / "study.toml"
+    study.write_text(f'name = "m"\nseeds = [0]\n[knobs]\ndataset = "synthetic"\n[[methods]]\nalgorithm = "{FEDAVGM}"\n'
+                     f'server_momentum = [0.5, 0.9]\n')
+    argv = ["--server-momentum", "0.7", "--server-lr", "0.5", "--results", str(tmp_path)]
+    plan, _ = plan_sweep(study_of_file(study), build_parser(study_of_file(study), argv).parse_args(argv))
+    configs = [c for stage in plan.stages for _, c in stage.configs]
+    assert [(c.server_momentum, c.server_lr) for c in configs] == [(0.7, 0.5)]
+
+
+def test_a_study_of_a_method_that_does_not_import_is_one_error(tmp_path, capsys):
+    from sweeps.run import run as fl_study
+
+    study = tmp_path / "study.toml"
+    study.write_text('name = "m"\nseeds = [0]\n[[methods]]\nalgorithm = "no_such.pkg:Method"\n')
+    assert fl_study([str(study), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot import Method from no_such.pkg" in err
 
 
 @pytest.mark.parametrize("name, needle", [
