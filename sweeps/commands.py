@@ -1,9 +1,9 @@
 """What a file of sweeps/ does when it is run as a script (`python sweeps/X.py`). The commands
 run: sweeps/run.py (`python -m sweeps.run STUDY`, every study), the study modules (ablation.py,
-fedl2p.py, fedselect_grid.py: their study) and rejudge.py. Every other module is a part of the
-study runner and calls `not_a_command` first thing, so that running it says in one line what to
-run instead, rather than printing nothing. This module imports nothing of sweeps/ (every module
-may import it without a cycle)."""
+fedl2p.py, fedselect_grid.py: their study) and rejudge.py. A part of the runner that a user may
+take for a command (study.py) calls `not_a_command` when run as a script, so that it says in one
+line what to run instead rather than printing nothing. This module imports nothing of sweeps/
+(any module may import it without a cycle)."""
 from __future__ import annotations
 
 import sys

@@ -184,7 +184,10 @@ def _result_arguments(parser: argparse.ArgumentParser) -> None:
                      help="print the trials (count, axes, data settings, stages) and exit (default: off)")
     out.add_argument("--checkpoint-every", type=int, default=1,
                      help="checkpoint the simulation every k rounds (default: 1)")
-    out.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Tune verbosity (default: 1)")
+    out.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                     help="what a sweep prints while its trials run: 0 nothing; 1 one line per stage every 30 s to "
+                          "5 min (trials done, running and pending, time elapsed, an estimate of the time left); 2 "
+                          "Ray Tune's own status table and a line per reported result (default: 1)")
 
 
 def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
