@@ -12,6 +12,8 @@ from sweeps.parquet_sink import read_rounds
 from sweeps.spec import load_spec
 from sweeps.study import run_study
 
+from conftest import SHARED_DATA
+
 PERFEDMASK = study_named("perfedmask")
 
 METHODS = ["fedavg_ft", "fedbabu", "fednova", "fedprox", "heterofl", "perfedmask", "splitmix"]
@@ -66,13 +68,14 @@ def test_perfedmask_study_runs_and_writes_the_cost_table(ray_cluster, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "FashionMNIST" / "raw").is_dir(),
+                    reason=f"real Fashion-MNIST not found at {SHARED_DATA / 'FashionMNIST' / 'raw'}")
 def test_the_fmnist_study_on_a_slice_tunes_every_method_and_reports_the_authors_round(ray_cluster, tmp_path):
     """studies/perfedmask_fmnist.toml on a slice of Fashion-MNIST (8 devices of 20 images, 4 rounds,
     2 configurations a method): every method is searched then confirmed on 5 seeds, each run reports
     its best-validation round before fine-tuning, the devices below full width of the full-model
     baselines run half the epochs, and the claims read the study file's margin."""
     from analysis.claims import check_claims
-    from conftest import SHARED_DATA
 
     flags = ["--preset", "fmnist", "--data-root", str(SHARED_DATA), "--num-clients", "8", "--samples-per-client",
              "20", "--test-samples-per-client", "20", "--rounds", "4", "--eval-every", "2", "--lr-milestones", "2,3",
