@@ -120,7 +120,7 @@ DISPFL = "DisPFL (Dai et al., ICML 2022), not in our copy (a reproduction report
 PERFEDMASK = "PerFedMask (ICLR 2023 poster), its table of accuracy after fine-tuning"
 PERFEDMASK_STUDIES = ("perfedmask_fmnist", "perfedmask_fmnist_c1")   # c = 0.1 and c = 1
 
-# What each study changes from the paper it tests, in one phrase (the page's last column); the
+# What each study changes from the paper it tests, in one phrase (the page's table of sweeps); the
 # scale (dataset, model, clients) is read from the sweep's trials.
 DIFFERS = {
     "fedselect_grid_fmnist": "Fashion-MNIST and LeNet for CIFAR-10 and ResNet-18; 2 local epochs, 60 rounds",
@@ -509,6 +509,7 @@ DETAILS = (("#", "row"), ("Ours, A vs B (%)", "ours"), ("Test", "test"), ("Type"
 SOURCES = (("Claim", "claim"), ("Source", "source"), ("Paper's number", "paper_number"))
 SWEEPS = (("Sweep", "study"), ("Differs from the paper", "differs"), ("Configurations compared", "selection"))
 HEADER = tuple(h for h, _ in VERDICTS)
+NBSP = "\u00a0"
 KEYS = ("claim", "study", "setting", "difference", "holm_p", "seeds", "ours", "test", "type", "source",
         "paper_number", "scale", "differs")  # the plain-text output's columns, before the verdict
 CAPTIONS = {
@@ -534,6 +535,8 @@ def cell(row: dict, key: str) -> str:
     if key == "verdict":
         note = cell(row, "note")
         return f"**{value}**" + (f" {note}" if note else "")
+    if key == "difference":  # one unit on the page: a line break never splits the interval
+        return str(value).replace(" ", NBSP)
     return f"{value:.2g}" if key == "holm_p" else str(value)
 
 

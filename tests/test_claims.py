@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis import paired
-from analysis.claims import (BEST, CLAIMS, EQUIVALENCE, EQUIVALENT, HOLDS, LESS_MB, NONINFERIORITY, NOT_RUN, OPPOSITE,
-                             SUPERIORITY, UNSURE, Claim, check_claims, main, to_markdown)
+from analysis.claims import (BEST, CLAIMS, EQUIVALENCE, EQUIVALENT, HOLDS, LESS_MB, NBSP, NONINFERIORITY, NOT_RUN,
+                             OPPOSITE, SUPERIORITY, UNSURE, Claim, check_claims, main, to_markdown)
 from conftest import REPO
 from scripts import reproduce
 from sweeps.errors import SweepError
@@ -90,8 +90,9 @@ def test_the_page_puts_the_verdict_table_first_and_each_caption_above_its_table(
     verdicts, details = (blocks[i].splitlines() for i in tables[:2])
     assert verdicts[0] == "| # | Claim | Sweep | Setting | Verdict | A − B, 95 % CI (pp) | Holm p | Seeds |"
     first = rows.iloc[0]
-    assert verdicts[2] == (f"| 1 | A outperforms B | s | {SETTING} | **holds** | {first['difference']} | "
-                           f"{first['holm_p']:.2g} | 5 |")
+    interval = first["difference"].replace(" ", NBSP)  # one unit: never broken across lines
+    assert NBSP in interval and verdicts[2] == (f"| 1 | A outperforms B | s | {SETTING} | **holds** | {interval} | "
+                                                f"{first['holm_p']:.2g} | 5 |")
     assert verdicts[3].startswith("| 2 | A is comparable to B | s |")
     # the rest by the row's number: ours, the test, the type, the scale; sources once per claim
     assert details[0] == "| # | Ours, A vs B (%) | Test | Type | Scale |"
