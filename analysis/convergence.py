@@ -27,14 +27,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fl_core.results import across_seeds
+from fl_core.results import KNOB_SYMBOLS, across_seeds
 
-from .common import config_keys, config_knobs, final_rows, trial_curves
+from .common import config_keys, config_knobs, final_rows, methods_order, settings_order, trial_curves
 from .load import load_rounds, load_trials
 from .numbers import pct
-from .render import frame_latex, latex_cells, latex_label
+from .render import Caption, fits_across, in_order, latex_label, write_table
 
 TAIL = 0.2
+NAMES = KNOB_SYMBOLS | {"local_epochs": "epochs"}   # a knob's name in a configuration's label
+# the printed table's headers (`convergence_cells`' columns, shorter), defined in its caption
+HEADERS = {"Acc (tail)": "Tail", "Acc (last)": "Last", "Seed std": "Std", "Converged": "Conv."}
 
 
 def tail_round(evaluated: list[int], tail: float = TAIL) -> int:
@@ -45,9 +48,10 @@ def tail_round(evaluated: list[int], tail: float = TAIL) -> int:
 
 
 def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame:
-    """One row per (setting, method, configuration): rounds R_tail and R (and the configured `rounds`:
-    R is below it while trials run), mean accuracy over seeds at both, Δ, the seed std at R, the
-    number of seeds and `converged` (True / False / NA with one seed)."""
+    """One row per (setting, method, configuration), in the tables' order (`table_order`): rounds
+    R_tail and R (and the configured `rounds`: R is below it while trials run), mean accuracy over
+    seeds at both, Δ, the seed std at R, the number of seeds and `converged` (True / False / NA
+    with one seed)."""
     if not 0 < tail < 1:
         raise ValueError(f"tail={tail!r} must lie strictly between 0 and 1 (the share of the last rounds)")
 
@@ -73,12 +77,29 @@ def convergence(rounds: pd.DataFrame, trials: pd.DataFrame, tail: float = TAIL) 
             end_mean, end_std, n = across_seeds(at[last].dropna().to_numpy())
         planned = trials.loc[trials["config_key"] == key, "rounds"].max() if "rounds" in trials else last
         text = trials.loc[trials["config_key"] == key, "config_text"].iloc[0]
-        out.append({"setting": setting, "method": method, "config": text, "round_tail": int(early),
-                    "round_last": int(last), "rounds": int(planned) if pd.notna(planned) else int(last),
+        out.append({"setting": setting, "method": method, "config": text, "config_key": key,
+                    "round_tail": int(early), "round_last": int(last),
+                    "rounds": int(planned) if pd.notna(planned) else int(last),
                     "acc_tail": start_mean, "acc_last": end_mean, "delta": delta,
                     "std": end_std if n > 1 else np.nan, "seeds": n, "converged": verdict,
                     "evaluated_once": early == last})
-    return pd.DataFrame(out)
+    return table_order(pd.DataFrame(out), trials)
+
+
+def table_order(table: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The rows by data setting (`settings_order`), method (`methods_order`), then configuration
+    (its knobs' values in the grid's order), renumbered; `config_key` dropped."""
+    if table.empty:
+        return table
+    knobs = [k for k in config_knobs(trials) if k != "algorithm"]
+    try:
+        grid = trials.sort_values(knobs, na_position="first", kind="stable")["config_key"]
+    except TypeError:  # a knob column of mixed types: the keys' text order
+        grid = trials["config_key"].sort_values(kind="stable")
+    placed = {"setting", "dataset", "partition", "shards_per_client", "dir_alpha"} <= set(trials.columns)
+    orders = {"setting": settings_order(trials) if placed else [], "method": methods_order(trials),
+              "config_key": list(dict.fromkeys(grid))}
+    return in_order(table, orders).drop(columns="config_key").reset_index(drop=True)
 
 
 def _varying_knobs(trials: pd.DataFrame) -> pd.Series:
@@ -89,9 +110,16 @@ def _varying_knobs(trials: pd.DataFrame) -> pd.Series:
     text = pd.Series("", index=trials.index, dtype=object)
     for _, group in trials.groupby(["setting", "method"], sort=False):
         varying = [k for k in knobs if group[k].astype(str).nunique() > 1]
-        text[group.index] = [", ".join(f"{k}={v}" for k, v in zip(varying, values))
-                             for values in group[varying].astype(str).itertuples(index=False, name=None)]
+        text[group.index] = [", ".join(f"{NAMES.get(k, k)}={_value(v)}" for k, v in zip(varying, values))
+                             for values in group[varying].itertuples(index=False, name=None)]
     return text
+
+
+def _value(value) -> str:
+    """A knob's value in a label: a number to 3 significant digits (a search's draws carry more)."""
+    if isinstance(value, (float, np.floating)) and np.isfinite(value):
+        return f"{value:.3g}"
+    return str(value)
 
 
 def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -111,17 +139,47 @@ def convergence_cells(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def caption(table: pd.DataFrame, tail: float = TAIL) -> str:
+def caption(table: pd.DataFrame, tail: float = TAIL) -> Caption:
+    """The caption's sentences: how many configurations converged, then what the printed columns
+    (`HEADERS`) hold."""
     known = table["converged"].dropna()
     done = int(known.astype(bool).sum())
     once = int(table["evaluated_once"].sum()) if "evaluated_once" in table else 0
     single = len(table) - len(known) - once
     unknown = [f"{once} evaluated at the last round only (no tail to compare)"] * bool(once) + \
         [f"{single} with one seed"] * bool(single)
-    return (f"Convergence: mean accuracy (%) over seeds at the evaluated round nearest to {1 - tail:g} R and at "
-            f"the last round R; Δ = change over the last {100 * tail:g} % of the rounds; converged when |Δ| is "
-            f"below the seed std at R (sample std). {done} of {len(known)} configurations converged"
-            + (f"; {' and '.join(unknown)}: n/a." if unknown else "."))
+    return Caption([f"Convergence over the last {100 * tail:g} % of the rounds: {done} of {len(known)} configurations "
+                    "converged" + (f"; {' and '.join(unknown)}: n/a." if unknown else "."),
+                    f"Tail, Last: mean accuracy (%) over seeds at the evaluated round nearest to {1 - tail:g} R and "
+                    "at the last round R; Δ = Last − Tail; Std: the seed std at R (sample std); Conv.: converged, "
+                    "|Δ| below Std."])
+
+
+def convergence_frame(table: pd.DataFrame, tail: float = TAIL) -> tuple[pd.DataFrame, Caption]:
+    """(cells, caption) as printed: `convergence_cells` by (Setting, Method) under the `HEADERS`;
+    Rounds and Seeds, where every row has the same, said once in the caption instead of a column;
+    configurations too long for a table across a page's two columns named c1, c2, ... in the
+    methods' labels and spelled out in the caption."""
+    cells, parts = _printed(table)
+    if not fits_across(cells):
+        varied = table.groupby(["setting", "method"])["config"].transform("nunique") > 1
+        tags = pd.Series("", index=table.index, dtype=object)
+        tags[varied] = [f"c{i + 1}" for i in range(int(varied.sum()))]
+        cells, parts = _printed(table.assign(config=tags))
+        parts.append("Configurations: " + "; ".join(f"{t}: {c}" for t, c in zip(tags[varied], table["config"][varied]))
+                     + ".")
+    return cells, Caption([*caption(table, tail).parts, *parts])
+
+
+def _printed(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """`convergence_frame`'s cells, and the caption's sentences on the columns it left out."""
+    cells = convergence_cells(table).set_index(["Setting", "Method"]).astype(str)
+    same = {column: cells[column].iloc[0] for column in ("Rounds", "Seeds") if cells[column].nunique() == 1}
+    said = [f"rounds {same['Rounds']} (R_tail → R)"] if "Rounds" in same else []
+    said += [f"{same['Seeds']} seed{'s' * (same['Seeds'] != '1')}"] if "Seeds" in same else []
+    parts = [] if "Rounds" in same else ["Rounds: R_tail → R."]
+    parts += [f"Every row: {', '.join(said)}."] if said else []
+    return cells.drop(columns=list(same)).rename(columns=HEADERS), parts
 
 
 def convergence_wanted(trials: pd.DataFrame) -> bool:
@@ -140,22 +198,10 @@ def write_convergence(paths, out=None, markdown: bool = False, echo: bool = Fals
     if rounds.empty or "config_hash" not in rounds:
         return None
     table = convergence(rounds, trials, tail)
-    cells = convergence_cells(table).set_index(["Setting", "Method"])
-    text = caption(table, tail)
+    cells, text = convergence_frame(table, tail)
     out = Path(out) if out is not None else Path(paths[0]) / "tables"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "convergence.tex"
     bold = pd.DataFrame(False, index=cells.index, columns=cells.columns)
-    path.write_text(frame_latex(latex_cells(cells.astype(str)), bold, text, latex_label("convergence", trials)))
-    shown = cells.reset_index()
-    md = "| " + " | ".join(shown.columns) + " |\n|" + "---|" * len(shown.columns) + "\n"
-    md += "".join("| " + " | ".join(map(str, row)) + " |\n" for row in shown.to_numpy().tolist())
-    md += f"\n{text}\n"
-    if markdown:
-        path.with_suffix(".md").write_text(md)
-    if echo:
-        print(md if markdown else f"[convergence] {text}\n{shown.to_string(index=False)}", end="\n\n")
-    return path
+    return write_table("convergence", cells, bold, text, out, markdown, echo, latex_label("convergence", trials))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ import pandas as pd
 from analysis.common import TableError, chosen_trials, counted, methods_order, selection_phrase, settings_order
 from analysis.load import diverged, load_rounds, reported_rounds, unfinished
 from analysis.numbers import pct
-from analysis.render import MISSING, latex_label, reported_round_text, seeds_diverged, write_grouped_table
+from analysis.render import MISSING, Caption, latex_label, reported_round_text, seeds_diverged, write_table
 from analysis.stats import compare, final_accuracies
 from fl_core.results import across_seeds, setting_label
 
@@ -122,7 +122,8 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     cost_of = devices.groupby(["setting", "method", "client"])[list(COST)].first().groupby(["setting", "method"]).mean()
     settings, methods = settings_order(chosen), methods_order(chosen)
     many = len(settings) > 1
-    index = pd.MultiIndex.from_product([settings, methods]) if many else pd.Index(methods)
+    index = pd.MultiIndex.from_product([settings, methods], names=["Data setting", "Method"]) if many \
+        else pd.Index(methods, name="Method")
     width_scored = _width_scored(chosen)
     parts = {**PARTS, DEVICE_PART: DEVICE_COLUMN} if width_scored else PARTS
     columns = pd.MultiIndex.from_tuples([(_c_label(c), part) for c in rates for part in parts]
@@ -150,18 +151,18 @@ def cost_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
                 cells.loc[row, ("Cost", "Bwd MFLOPs")] = f"{cost['bwd_mflops']:.3f}"
     seeds = chosen.groupby(["setting", "method", "participation"])["seed"].nunique()
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
-    dropped = int(late.sum())
-    when = reported_round_text(chosen) or "after the last round"
-    caption = (f"Accuracy (%) of the devices' models {when}, before and after fine-tuning, mean ± std "
-               f"over seeds ({n} per cell); c = share of devices per round. {verdict.caption('after fine-tuning')} "
-               f"Cost, mean over devices: trainable parameters (a frozen head and frozen layer groups excluded) and "
-               f"FLOPs per training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight "
-               f"gradient for a frozen layer). Each method at one configuration per cell, chosen without test data "
-               f"({selection_phrase(chosen)}); finished trials only"
-               + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result."
-               + (f" \"full width\": scored on the full-width model, as the PerFedMask authors score HeteroFL and "
-                  f"Split-Mix FL (\"{DEVICE_PART}\": each device's own fine-tuned sub-model, untested)."
-                  if width_scored else ""))
+    dropped, when = int(late.sum()), reported_round_text(chosen) or "after the last round"
+    caption = Caption([
+        "Accuracy before and after fine-tuning, and training cost.",
+        f"Accuracy (%) of the devices' models {when}, before and after fine-tuning, mean ± std over seeds ({n} per "
+        "cell); c = share of devices per round.", verdict.caption("after fine-tuning"),
+        "Cost, mean over devices: trainable parameters (a frozen head and frozen layer groups excluded) and FLOPs per "
+        "training sample (1 multiply-add = 2 FLOPs; convolutions and matrix products; no weight gradient for a frozen "
+        "layer).",
+        f"Each method at one configuration per cell, chosen without test data ({selection_phrase(chosen)}); finished "
+        "trials only" + (f" ({dropped} unfinished left out)" if dropped else "") + f"; {MISSING} = no result.",
+        f"\"full width\": scored on the full-width model, as the PerFedMask authors score HeteroFL and Split-Mix FL "
+        f"(\"{DEVICE_PART}\": each device's own fine-tuned sub-model, untested)." if width_scored else ""])
     return cells, bold, caption, verdict.summary("cost")
 
 
@@ -172,4 +173,4 @@ def write_cost_table(sweeps, trials: pd.DataFrame, out, markdown: bool = False, 
     cells, bold, caption, summary = cost_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    return write_grouped_table("cost", cells, bold, caption, out, markdown, echo, latex_label("cost", trials))
+    return write_table("cost", cells, bold, caption, out, markdown, echo, latex_label("cost", trials))

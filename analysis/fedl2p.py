@@ -48,8 +48,8 @@ import pandas as pd
 
 from analysis.common import TableError, chosen_key, config_knobs, counted, selection_phrase, settings_order
 from analysis.load import diverged, load_rounds, reported_rounds, unfinished
-from analysis.render import (MISSING, format_cell, frame_latex, latex_cells, latex_label, reported_round_text,
-                             unfinished_note)
+from analysis.render import (MISSING, Caption, format_cell, latex_label, reported_round_text, unfinished_note,
+                             write_table)
 from analysis.stats import compare, final_accuracies, reported_rows
 from fl_core.results import MB, across_seeds
 
@@ -220,13 +220,15 @@ def accuracy_cells(scores: pd.DataFrame, levels: list[str]) -> tuple[dict, pd.Da
     return stats, pd.concat(runs, ignore_index=True)
 
 
-def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, seeds: set, late: pd.DataFrame, tests: str) -> str:
+def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, seeds: set, late: pd.DataFrame,
+             tests: str) -> Caption:
     """`fedl2p_table`'s caption; `seeds`: the numbers of seeds run behind the compared cells."""
     count = f"{usual} seed{'s' if usual != 1 else ''} per cell" + ("" if len(seeds) <= 1 else " unless marked (n=k)")
     when = reported_round_text(chosen) or "at the final round"
-    parts = [f"FedL2P and its baselines: personalized accuracy (%) after fine-tuning the pretrained model for e "
-             f"epochs, {when}, mean over clients, then mean ± std over seeds ({count}). {tests} Global "
-             f"Acc: the pretrained model before fine-tuning (not compared)."]
+    parts = ["FedL2P and its baselines by data setting.",
+             f"Personalized accuracy (%) after fine-tuning the pretrained model for e epochs, {when}, mean over "
+             f"clients, then mean ± std over seeds ({count}).", tests,
+             "Global Acc: the pretrained model before fine-tuning (not compared)."]
     if "pool" in levels:
         parts.append("Seen clients took part in training; unseen ones were held out and scored after the last round.")
     if "pretraining" not in levels:
@@ -237,7 +239,7 @@ def _caption(chosen: pd.DataFrame, levels: list[str], usual: int, seeds: set, la
     parts.append(f"Each method, where it has several configurations, at {selection_phrase(chosen)}; finished "
                  f"trials only; {MISSING} = no result.")
     parts.append(unfinished_note(dropped, dropped=True))
-    return " ".join(p for p in parts if p)
+    return Caption(parts)
 
 
 # ---------------------------------------------------------------- the policy table
@@ -291,62 +293,17 @@ def policy_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFra
         for j, key in enumerate(POLICY):
             value = means.loc[row, key]
             cells.iat[i, j] = None if pd.isna(value) else POLICY_FORMAT[key].format(value)
-    caption = ("FedL2P's learned policy and its cost, mean over seeds. At the final round, mean over seen clients: β "
-               "(BN mixing: 1 = the client's statistics), sparsity (share of parameter tensors with learning rate 0) "
-               "and η (learning rate, mean over tensors) of the policy each client is scored with. Over every "
-               "client-round of meta-training: the hypergradient time (K meta steps, s) and λ's traffic (up + down, "
-               f"1 KB = 1,000 bytes; L2P sends nothing). Each method at the configuration of table fedl2p; {MISSING} = "
-               "no result.")
+    caption = Caption(["FedL2P's learned policy and its cost, mean over seeds.",
+                       "At the final round, mean over seen clients: β (BN mixing: 1 = the client's statistics), "
+                       "sparsity (share of parameter tensors with learning rate 0) and η (learning rate, mean over "
+                       "tensors) of the policy each client is scored with.",
+                       "Over every client-round of meta-training: the hypergradient time (K meta steps, s) and λ's "
+                       "traffic (up + down, 1 KB = 1,000 bytes; L2P sends nothing).",
+                       f"Each method at the configuration of table fedl2p; {MISSING} = no result."])
     return cells, pd.DataFrame(False, index=index, columns=cells.columns), caption
 
 
 # ---------------------------------------------------------------- writing
-
-def row_table_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
-    """`analysis.render.frame_latex` for a table whose rows have several named levels: one
-    left-aligned column per level, their names on the header line."""
-    latex = frame_latex(latex_cells(cells), bold, caption, name)
-    levels = cells.index.nlevels
-    head, rest = latex.split("\\toprule\n", 1)
-    lines, body = rest.split("\\midrule\n", 1)
-    top, names = (lines.strip().splitlines() + [""])[:2]
-    if names:  # the level names' own line (pandas): merged into the column header line
-        labels = [c.strip() for c in names.removesuffix("\\\\").split("&")][:levels]
-        columns = [c.strip() for c in top.removesuffix("\\\\").split("&")][levels:]
-        lines = " & ".join(labels + columns) + " \\\\\n"
-    return head + "\\toprule\n" + lines + "\\midrule\n" + body
-
-
-def row_table_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
-    """A Markdown (GitHub) table: one column per row level, bold cells in `**`, then the caption."""
-    text = cells.fillna(MISSING)
-    text = text.where(~bold, "**" + text + "**")
-    header = [*map(str, cells.index.names), *map(str, cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row, values in zip(text.index, text.to_numpy().tolist()):
-        keys = row if isinstance(row, tuple) else (row,)
-        lines.append("| " + " | ".join([*map(_key_text, keys), *values]) + " |")
-    return "\n".join(lines) + f"\n\n{caption}\n"
-
-
-def _key_text(value) -> str:
-    return f"{value:g}" if isinstance(value, (float, np.floating)) else str(value)
-
-
-def write_row_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out, markdown: bool = False,
-                    echo: bool = False, label: str | None = None) -> Path:
-    """Write `<out>/<name>.tex` (and with `markdown` `<out>/<name>.md`); with `echo` print it."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.tex"
-    path.write_text(row_table_latex(cells, bold, caption, label or name))
-    text = row_table_markdown(cells, bold, caption)
-    if markdown:
-        path.with_suffix(".md").write_text(text)
-    if echo:
-        print(text if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING)}", end="\n\n")
-    return path
-
 
 def write_fedl2p_tables(sweeps, trials: pd.DataFrame, out, markdown: bool = False, echo: bool = False,
                         summaries: list | None = None) -> dict[str, Path]:
@@ -356,9 +313,9 @@ def write_fedl2p_tables(sweeps, trials: pd.DataFrame, out, markdown: bool = Fals
     *table, summary = fedl2p_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    written = {"fedl2p": write_row_table("fedl2p", *table, out, markdown, echo, latex_label("fedl2p", trials))}
+    written = {"fedl2p": write_table("fedl2p", *table, out, markdown, echo, latex_label("fedl2p", trials))}
     chosen, _ = study_trials(trials)
     if chosen["algorithm"].isin(META).any():
-        written["fedl2p_policy"] = write_row_table("fedl2p_policy", *policy_table(sweeps, trials), out, markdown, echo,
-                                                   latex_label("fedl2p_policy", trials))
+        written["fedl2p_policy"] = write_table("fedl2p_policy", *policy_table(sweeps, trials), out, markdown, echo,
+                                               latex_label("fedl2p_policy", trials))
     return written

@@ -45,8 +45,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.common import chosen_trials, final_rows
+from analysis.common import chosen_trials, final_rows, methods_order, settings_order
 from analysis.load import DamagedFile, load_clients, load_rounds, load_trials
+from analysis.render import in_order
 
 META = ("fedl2p", "l2p")
 BETA, ETA = "beta:", "eta:"
@@ -231,13 +232,21 @@ def _text(value) -> str:
 
 
 def render(frame: pd.DataFrame, heads: dict[str, str], markdown: bool) -> str:
-    """`frame`'s columns of `heads`, as a Markdown table or aligned text."""
+    """`frame`'s columns of `heads`, as a Markdown table or aligned text; a row's setting, method
+    and clients printed only where they, or one before them, differ from the row above's."""
     if frame.empty:
         return "(no FedL2P or L2P rows with these numbers)"
     columns = [c for c in heads if c in frame]
     if "change_std" in frame and "change" in columns:
         frame = frame.assign(change=[f"{_text(m)} ± {_text(s)}" for m, s in zip(frame["change"], frame["change_std"])])
-    cells = [[heads[c] for c in columns]] + [[_text(v) for v in row] for row in frame[columns].itertuples(index=False)]
+    rows = [[_text(v) for v in row] for row in frame[columns].itertuples(index=False)]
+    keys = [i for i, c in enumerate(columns) if c in (*KEYS, "pool")]
+    for above, row in reversed(list(zip(rows, rows[1:]))):  # from the bottom: each row against the original above
+        for i in keys:
+            if row[:i + 1] != above[:i + 1]:
+                break
+            row[i] = ""
+    cells = [[heads[c] for c in columns]] + rows
     if markdown:
         lines = ["| " + " | ".join(r) + " |" for r in cells]
         return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
@@ -246,14 +255,21 @@ def render(frame: pd.DataFrame, heads: dict[str, str], markdown: bool) -> str:
 
 
 def report(rounds: pd.DataFrame, clients: pd.DataFrame | None = None, markdown: bool = False) -> str:
+    """The three tables, rows by data setting (`settings_order`), method (`methods_order`), then
+    seen before unseen clients."""
     gap = "\n\n" if markdown else "\n"  # Markdown starts a table after a blank line only
+    known = {"setting", "dataset", "partition", "shards_per_client", "dir_alpha"} <= set(rounds.columns)
+    orders = {"setting": settings_order(rounds) if known else [],
+              "method": methods_order(rounds) if {"method", "algorithm"} <= set(rounds.columns) else [],
+              "pool": ["seen", "unseen"]}
     parts = [("Validation loss over meta rounds (seen clients, weighted by training samples):",
               loss_summary(rounds), LOSS_HEAD),
              ("The learned λ against the initial λ, same batches (last evaluated round):", gain_summary(rounds),
               GAIN_HEAD),
              ("Policy: distance from the initial λ's, and between domains (last evaluated round):",
               policy_summary(rounds, clients), POLICY_HEAD)]
-    return "\n\n".join(title + gap + render(frame, heads, markdown) for title, frame, heads in parts)
+    return "\n\n".join(title + gap + render(in_order(frame, {c: o for c, o in orders.items() if c in frame}),
+                                              heads, markdown) for title, frame, heads in parts)
 
 
 def reported(rounds: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:

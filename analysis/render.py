@@ -1,10 +1,10 @@
-"""A table's numbers (per cell, over seeds) and how they are printed: LaTeX (pandas Styler, booktabs)
-and a text preview.
+"""A table's numbers (per cell, over seeds) and how they are printed: LaTeX (booktabs, a float laid
+out for a two-column paper: `frame_latex`), Markdown (`frame_markdown`) and a text preview.
 
 A cell is "mean ± std" over seeds in % (one seed: the mean alone), "(n=k)" where its seed count
 differs from the table's usual count, "--" where there is no result. A cell that includes a run
 which did not reach its last round carries a dagger (LaTeX `$^\\dagger$`, preview "†"), explained
-at the end of the caption together with the rounds those runs reached. A table that knows the runs
+at the end of the caption's note together with the rounds those runs reached. A table that knows the runs
 behind its cells (`Table.runs`, filled by `summarize`) gets its marks and bold from
 `analysis.stats.compare`: "▲"/"▼" (and "△"/"▽" for a second reference) where a cell differs
 significantly from a reference row of its column (a paired t-test over 5 or more common seeds;
@@ -123,7 +123,9 @@ class Table:
             return shown.eq(shown.max().max()) & shown.notna()
         return shown.eq(shown.max(axis=0), axis=1) & shown.notna()
 
-    def full_caption(self) -> str:
+    def full_caption(self) -> Caption:
+        """The caption's sentences (`Caption`): the title (`caption`), what a cell holds, the tests,
+        the notes and the footnote on unfinished runs."""
         seeds = self.usual_n
         if self.seeds_uniform():
             count = f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
@@ -133,7 +135,7 @@ class Table:
         bold = "" if verdict is not None else " best in bold;"
         legend = f"{accuracy_words(self.reported)}, mean ± std over seeds ({count});{bold} -- = no result."
         tests = verdict.caption() if verdict is not None else ""
-        return " ".join(part for part in (self.caption, legend, tests, *self.notes, self.footnote) if part)
+        return Caption([self.caption, legend, tests, *self.notes, self.footnote])
 
 
 def summarize(trials: pd.DataFrame, rows: str, cols: str, name: str, row_order=None, col_order=None,
@@ -243,14 +245,6 @@ def accuracy_words(reported: str, what: str = "personalized accuracy (%)") -> st
     return f"Final {what}" if not reported else f"{what[0].upper()}{what[1:]} {reported}"
 
 
-def to_latex(table: Table, label: str | None = None) -> str:
-    """The table as LaTeX: booktabs rules, the bold cells in \\textbf, missing cells "--";
-    labelled `tab:<label>` (default: the table's name; `latex_label` makes it unique)."""
-    cells = latex_cells(table.cells())
-    cells.columns.name = _latex_text(table.row_title)
-    return frame_latex(cells, table.best_mask(), table.full_caption(), label or table.name)
-
-
 def latex_label(name: str, trials: pd.DataFrame) -> str:
     """A table's LaTeX label key, unique per table and sweep: `<sweep>:<name>` (sweeps joined by
     "+" when a table pools several), `name` where the rows name no sweep."""
@@ -260,32 +254,8 @@ def latex_label(name: str, trials: pd.DataFrame) -> str:
 
 
 # What a document needs to \\input any table `analysis` writes (docs/analysis.md shows it; the
-# tests compile every table kind in it): booktabs rules, amssymb's significance marks.
+# tests compile every table kind in it, in its two-column form): booktabs rules, amssymb's marks.
 LATEX_PREAMBLE = "\\documentclass{article}\n\\usepackage{booktabs}\n\\usepackage{amssymb}\n"
-
-
-def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
-    """Cell texts (already LaTeX; None for "--") as a booktabs table, the cells where `bold` is
-    True in \\textbf; the row and column labels and the plain-text `caption` are made LaTeX-safe.
-    One left-aligned column per row level, a row label printed once per group without the
-    multirow package (the preamble is `LATEX_PREAMBLE`), labelled `tab:<name>`."""
-    styler = cells.style.format(na_rep=MISSING).format_index(_latex_text, axis=0) \
-        .format_index(_latex_text, axis=1)
-    styler = styler.apply(lambda _: np.where(bold.to_numpy(), "font-weight: bold;", ""), axis=None)
-    columns = "l" * cells.index.nlevels + "c" * len(cells.columns)
-    return styler.to_latex(hrules=True, convert_css=True, caption=_latex_text(caption), label=f"tab:{name}",
-                           position_float="centering", column_format=columns, multirow_align="naive")
-
-
-def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
-    """Cell texts (None for "--") as a Markdown table, the cells where `bold` is True in **bold**,
-    the columns' name heading the row labels, then the caption as a paragraph."""
-    text = cells.fillna(MISSING).astype(str)
-    text = text.where(~bold.to_numpy(), "**" + text + "**")
-    header = [cells.columns.name or "", *map(str, cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([str(label), *row]) + " |" for label, row in zip(text.index, text.to_numpy().tolist())]
-    return "\n".join(lines) + f"\n\n{caption}\n"
 
 
 def _latex_text(text: str) -> str:
@@ -313,11 +283,6 @@ def math_symbols(text: str) -> str:
     return "".join(LATEX_SYMBOLS.get(char, char) for char in str(text))
 
 
-def latex_cells(cells: pd.DataFrame) -> pd.DataFrame:
-    """Plain cell texts (None: no result) with `math_symbols`."""
-    return cells.map(math_symbols, na_action="ignore")
-
-
 def preview(table: Table) -> str:
     """A plain-text rendering (bold cells starred)."""
     cells = table.cells().fillna(MISSING)
@@ -325,14 +290,15 @@ def preview(table: Table) -> str:
     return f"[{table.name}] {table.full_caption()}  (* = bold)\n{cells.to_string()}"
 
 
+def to_latex(table: Table, label: str | None = None) -> str:
+    """The table as LaTeX (`frame_latex`), labelled `tab:<label>` (default: the table's name;
+    `latex_label` makes it unique)."""
+    return frame_latex(table.cells(), table.best_mask(), table.full_caption(), label or table.name)
+
+
 def to_markdown(table: Table) -> str:
-    """A Markdown (GitHub) table, best cells in bold, then the caption as a paragraph."""
-    cells = table.cells().fillna(MISSING)
-    cells = cells.where(~table.best_mask(), "**" + cells + "**")
-    header = [table.row_title or "", *map(str, cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([str(row), *cells.loc[row].tolist()]) + " |" for row in cells.index]
-    return "\n".join(lines) + f"\n\n{table.full_caption()}\n"
+    """The table as Markdown (`frame_markdown`): best cells in bold, then its caption and note."""
+    return frame_markdown(table.cells(), table.best_mask(), table.full_caption())
 
 
 def unfinished_note(reached: list[tuple[float, float]], dropped: bool = False) -> str:
@@ -366,31 +332,265 @@ def rounds_reached(reached: list[tuple[float, float]]) -> str:
     return "; ".join(parts)
 
 
-def grouped_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
-    """A table with two-level columns (group, part) as Markdown: `group: part` headers, bold cells
-    in `**`, rows named by the index (a tuple index joined with " / ")."""
-    text = cells.fillna(MISSING).where(~bold, "**" + cells.fillna(MISSING) + "**")
-    rows = [" / ".join(map(str, r)) if isinstance(r, tuple) else str(r) for r in text.index]
-    header = ["Method", *(f"{group}: {part}" for group, part in cells.columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([r, *values]) + " |" for r, values in zip(rows, text.to_numpy().tolist())]
-    return "\n".join(lines) + f"\n\n{caption}\n"
+def in_order(frame: pd.DataFrame, orders: dict[str, list]) -> pd.DataFrame:
+    """`frame`'s rows sorted, stably, by each column of `orders` in turn, a value by its place in the
+    column's list (e.g. `analysis.common.settings_order`, then `methods_order`); a value the list
+    lacks after those it holds, by its text."""
+    ranks = []
+    for column, order in orders.items():
+        place = {value: i for i, value in enumerate(order)}
+        ranks.append([(place.get(v, len(place)), str(v)) for v in frame[column]])
+    return frame.iloc[sorted(range(len(frame)), key=lambda i: tuple(rank[i] for rank in ranks))]
 
 
-def write_grouped_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out,
-                        markdown: bool = False, echo: bool = False, label: str | None = None) -> Path:
-    """Write `<out>/<name>.tex` (booktabs, each column group centred over its parts) and with
-    `markdown` `<out>/<name>.md`; with `echo` print a preview. Returns the .tex file."""
+# ----------------------------------------------------------------------------- laid out for a paper
+#
+# Every table is sized for a two-column paper (the article class with `twocolumn`, 10 pt): a `table`
+# float where it fits the column, a `table*` across both columns where it fits the text width, and
+# otherwise the same `table*` with its value columns split over tabulars stacked under one caption
+# (the row labels repeated in each). Widths are estimated from Computer Modern's metrics, so that
+# no TeX is needed to choose; tests/test_latex_layout.py compiles every kind of table and finds no
+# overfull box. A MultiIndex's first level (the data setting) groups the rows: a header row per
+# group in LaTeX, the label in the group's first row in Markdown; every other row label is printed
+# only where it changes. The caption keeps the table's title and as many of the sentences after it
+# as fit `CAPTION_LINES` lines; the rest is the note under the table (LaTeX: footnote size after
+# the tabulars; Markdown: a paragraph after the caption).
+
+COLUMN_WIDTH, TEXT_WIDTH = 229.87, 469.75  # pt: \columnwidth and \textwidth of a two-column article, letter paper
+TABCOLSEP = 6.0                            # pt of space on each side of a tabular column
+FIT = 0.96                                 # the share of a width an estimated table may take (estimates: within 2 %)
+CAPTION_LINES, CAPTION_FILL = 3, 0.9       # a caption's lines, and the share of each its words are sure to fill
+CAPTION_LEAD = "Table 99: "                # what LaTeX prints before a caption's text
+BOLD = 1.15                                # Computer Modern's bold is about this much wider
+# pt per character of Computer Modern Roman at 10 pt (cmr10's metrics), keyed by width
+CMR10 = {2.78: " !',.:;[]_`il", 3.06: "fj", 3.33: "-", 3.61: "I", 3.89: "()t", 3.92: "r", 3.94: "s", 4.44: "cez",
+         4.72: "?", 5.0: "0123456789\"$*/^ago{}~\\", 5.14: "J", 5.28: "kqvxy", 5.56: "bdhnpuS", 6.11: "Z", 6.25: "L",
+         6.53: "F", 6.81: "EP", 7.08: "B", 7.22: "CTw", 7.36: "R", 7.5: "AHNUVXY", 7.64: "D", 7.78: "&+=@KOQ",
+         7.85: "G", 8.33: "#%m", 9.17: "M", 10.28: "W"}
+# and of the symbols `math_symbols` writes as LaTeX (the marks and the dagger as superscripts)
+SYMBOL_WIDTHS = {**{char: 6.0 for char in GREEK_LETTERS}, "Δ": 8.33, "±": 7.78, DAGGER: 4.0, "▲": 6.0, "▼": 6.0,
+                 "△": 6.0, "▽": 6.0, "→": 10.0, "≤": 7.78, "≥": 7.78, "×": 7.78, "−": 7.78, "·": 2.78, "≈": 7.78,
+                 "…": 13.4, "–": 5.0, "—": 10.0, "<": 7.78, ">": 7.78, "|": 2.78}
+CHAR_WIDTHS = {char: width for width, chars in CMR10.items() for char in chars} | SYMBOL_WIDTHS
+WIDE = 10.0                                # any other character
+
+
+def text_width(text: str, bold: bool = False) -> float:
+    """The width in pt of a plain (not yet LaTeX) text set in Computer Modern at 10 pt, estimated."""
+    return sum(CHAR_WIDTHS.get(char, WIDE) for char in str(text)) * (BOLD if bold else 1.0)
+
+
+class Caption(str):
+    """A caption made of sentences (`parts`); as a text, all of them. The first is the table's title
+    and always stays in the caption; `split_caption` moves what does not fit to the note."""
+
+    parts: tuple[str, ...]
+
+    def __new__(cls, parts):
+        parts = tuple(str(part).strip() for part in parts if part and str(part).strip())
+        made = super().__new__(cls, " ".join(parts))
+        made.parts = parts
+        return made
+
+
+def caption_parts(caption: str) -> tuple[str, ...]:
+    """A caption's sentences: a `Caption`'s parts, any other text as one."""
+    return caption.parts if isinstance(caption, Caption) else tuple(p for p in (str(caption).strip(),) if p)
+
+
+def split_caption(caption: str, width: float) -> tuple[str, str]:
+    """(caption, note) of a float `width` pt wide: the title and the sentences after it while
+    `CAPTION_LEAD` and they fill at most `CAPTION_LINES` lines to `CAPTION_FILL` (`text_width`);
+    the sentences left, in their order, make the note."""
+    parts = caption_parts(caption)
+    kept = min(1, len(parts))
+    while kept < len(parts) and \
+            text_width(CAPTION_LEAD + " ".join(parts[:kept + 1])) <= CAPTION_LINES * CAPTION_FILL * width:
+        kept += 1
+    return " ".join(parts[:kept]), " ".join(parts[kept:])
+
+
+def key_text(value) -> str:
+    """A row label as printed: a float as `g` (1.0 -> "1"), anything else as its text."""
+    return f"{value:g}" if isinstance(value, (float, np.floating)) else str(value)
+
+
+@dataclass
+class Grid:
+    """A table's texts as printed: `groups`, per row its group's label (the first level of a
+    MultiIndex; None without); `keys`, per row its other labels ("" where the row above has the same
+    up to that level); `tops` (a two-level header's upper labels, else None) and `titles` per value
+    column; `values` and `bold` per row and value column."""
+    group_title: str
+    groups: list
+    key_titles: list[str]
+    keys: list[list[str]]
+    tops: list
+    titles: list[str]
+    values: list[list[str]]
+    bold: list[list[bool]]
+
+
+def grid(cells: pd.DataFrame, bold: pd.DataFrame) -> Grid:
+    """The `Grid` of cell texts (None: no result, printed `MISSING`) and where they are bold; the
+    labels' titles are the index's names (one level: the columns' name)."""
+    rows = [[key_text(v) for v in (row if isinstance(row, tuple) else (row,))] for row in cells.index]
+    grouped = cells.index.nlevels > 1
+    titles = [str(name or "") for name in cells.index.names]
+    if not grouped:
+        titles = [str(cells.index.name or cells.columns.name or "")]
+    shown, above = [], None
+    for row in rows:  # a label only where it, or one before it, differs from the row above's
+        same = [above is not None and row[:i + 1] == above[:i + 1] for i in range(len(row))]
+        shown.append(["" if s else text for s, text in zip(same, row)][int(grouped):])
+        above = row
+    two = cells.columns.nlevels > 1
+    values = [[MISSING if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v) for v in row]
+              for row in cells.to_numpy(dtype=object).tolist()]
+    return Grid(titles[0] if grouped else "", [row[0] for row in rows] if grouped else [None] * len(rows),
+                titles[int(grouped):], shown, [str(c[0]) for c in cells.columns] if two else [None] * cells.shape[1],
+                [str(c[1] if two else c) for c in cells.columns], values, np.asarray(bold, dtype=bool).tolist())
+
+
+def _spans(tops: list) -> list[tuple[object, list[int]]]:
+    """(upper label, its value columns) of each run of columns under one upper label (None: one each)."""
+    out: list[tuple[object, list[int]]] = []
+    for j, top in enumerate(tops):
+        if out and top is not None and out[-1][0] == top:
+            out[-1][1].append(j)
+        else:
+            out.append((top, [j]))
+    return out
+
+
+@dataclass
+class Layout:
+    """How a `Grid` is printed: in `float` ("table" or "table*") of line `width` pt, its value
+    columns in `parts` (one tabular each, stacked)."""
+    float: str
+    width: float
+    parts: list[list[int]]
+
+
+def column_widths(table: Grid) -> tuple[float, list[tuple[list[int], float]]]:
+    """Estimated widths in pt (`text_width`, `TABCOLSEP` on each side): of the row labels' columns
+    together, and of each span of value columns (`_spans`; at least its upper label's width)."""
+    pad = 2 * TABCOLSEP
+    keys = sum(max([text_width(t)] + [text_width(row[i]) for row in table.keys]) + pad
+               for i, t in enumerate(table.key_titles))
+    column = [max([text_width(t)] + [text_width(row[j], bold[j]) for row, bold in zip(table.values, table.bold)]) + pad
+              for j, t in enumerate(table.titles)]
+    return keys, [(cols, max(sum(column[j] for j in cols), text_width(top) + pad if top is not None else 0.0))
+                  for top, cols in _spans(table.tops)]
+
+
+def table_width(table: Grid) -> float:
+    """The table's estimated width in one tabular, pt: its columns, or a group's header row where wider."""
+    keys, spans = column_widths(table)
+    floor = max([text_width(g) + 2 * TABCOLSEP for g in table.groups if g is not None], default=0.0)
+    return max(keys + sum(width for _, width in spans), floor)
+
+
+def fits_across(cells: pd.DataFrame) -> bool:
+    """Whether plain cell texts (`grid`, none bold) fit one tabular across both columns (`TEXT_WIDTH`)."""
+    return table_width(grid(cells, pd.DataFrame(False, index=cells.index, columns=cells.columns))) <= FIT * TEXT_WIDTH
+
+
+def table_layout(table: Grid) -> Layout:
+    """The narrowest float the table fits (estimated: `table_width`, `FIT`): the column, else both
+    columns, else both columns with its value columns split into as few stacked parts as fit, as
+    even as the spans of a two-level header allow (a span is never split)."""
+    keys, spans = column_widths(table)
+    need = table_width(table)
+    every = [j for cols, _ in spans for j in cols]
+    for name, width in (("table", COLUMN_WIDTH), ("table*", TEXT_WIDTH)):
+        if need <= FIT * width:
+            return Layout(name, width, [every])
+    room = FIT * TEXT_WIDTH - keys
+    greedy: list[list] = [[]]
+    for span in spans:
+        if greedy[-1] and sum(w for _, w in greedy[-1]) + span[1] > room:
+            greedy.append([])
+        greedy[-1].append(span)
+    size = -(-len(spans) // len(greedy))
+    even = [spans[i:i + size] for i in range(0, len(spans), size)]
+    fits = len(even) == len(greedy) and all(sum(w for _, w in part) <= room for part in even)
+    return Layout("table*", TEXT_WIDTH, [[j for cols, _ in part for j in cols] for part in (even if fits else greedy)])
+
+
+def tabular_latex(table: Grid, columns: list[int]) -> str:
+    """One booktabs tabular of the table's row labels and its value `columns`: a left-aligned column
+    per label level, the values centred, an upper header over each span (`\\cmidrule` under it), a
+    header row per group (`\\midrule` between groups), bold cells in `\\bfseries`."""
+    keys = len(table.key_titles)
+    lines = [f"\\begin{{tabular}}{{{'l' * keys}{'c' * len(columns)}}}", "\\toprule"]
+    spans = _spans([table.tops[j] for j in columns])
+    if any(top is not None for top, _ in spans):
+        first = keys + 1
+        heads, rules = [""] * keys, []
+        for top, cols in spans:
+            heads.append(f"\\multicolumn{{{len(cols)}}}{{c}}{{{_latex_text(top or '')}}}")
+            rules.append(f"\\cmidrule(lr){{{first}-{first + len(cols) - 1}}}")
+            first += len(cols)
+        lines += [" & ".join(heads) + " \\\\", " ".join(rules)]
+    lines += [" & ".join(_latex_text(t) for t in [*table.key_titles, *(table.titles[j] for j in columns)]) + " \\\\",
+              "\\midrule"]
+    above = None
+    for group, labels, values, bold in zip(table.groups, table.keys, table.values, table.bold):
+        if group is not None and group != above:
+            lines += ["\\midrule"] * (above is not None)
+            lines.append(f"\\multicolumn{{{keys + len(columns)}}}{{l}}{{\\itshape {_latex_text(group)}}} \\\\")
+            above = group
+        cells = [*map(_latex_text, labels), *(("\\bfseries " if bold[j] else "") + _latex_text(values[j])
+                                               for j in columns)]
+        lines.append(" & ".join(cells) + " \\\\")
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"])
+
+
+def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str) -> str:
+    """Plain cell texts (None: no result) as a LaTeX float for a two-column paper (`table_layout`):
+    the caption (`split_caption`) and `\\label{tab:<name>}`, the tabulars (`tabular_latex`), then
+    the note in footnote size. Every text is made LaTeX-safe (`_latex_text`); the preamble is
+    `LATEX_PREAMBLE`."""
+    table = grid(cells, bold)
+    layout = table_layout(table)
+    text, note = split_caption(caption, layout.width)
+    lines = [f"\\begin{{{layout.float}}}", "\\centering", f"\\caption{{{_latex_text(text)}}}", f"\\label{{tab:{name}}}",
+             "\n\\par\\medskip\n".join(tabular_latex(table, part) for part in layout.parts)]
+    if note:
+        lines += ["\\par\\smallskip", f"{{\\footnotesize\\raggedright {_latex_text(note)}\\par}}"]
+    return "\n".join(lines + [f"\\end{{{layout.float}}}"]) + "\n"
+
+
+def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
+    """Plain cell texts (None: no result) as a Markdown table, bold cells in `**`, a column per row
+    label level (a group's label and each other label only where it changes), an upper header as
+    "upper: lower"; then the caption and the note as paragraphs, split as in LaTeX."""
+    table = grid(cells, bold)
+    text, note = split_caption(caption, table_layout(table).width)
+    grouped = any(group is not None for group in table.groups)
+    header = [table.group_title] * grouped + table.key_titles + \
+        [title if top is None else f"{top}: {title}" for top, title in zip(table.tops, table.titles)]
+    lines, above = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)], None
+    for group, labels, values, bold_row in zip(table.groups, table.keys, table.values, table.bold):
+        first = ["" if group == above else group] * grouped
+        above = group
+        shown = [f"**{v}**" if b else v for v, b in zip(values, bold_row)]
+        lines.append("| " + " | ".join([*first, *labels, *shown]) + " |")
+    return "\n".join(lines) + f"\n\n{text}\n" + (f"\n{note}\n" if note else "")
+
+
+def write_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out, markdown: bool = False,
+                echo: bool = False, label: str | None = None) -> Path:
+    """Write `<out>/<name>.tex` (`frame_latex`, labelled `tab:<label or name>`) and with `markdown`
+    `<out>/<name>.md` (`frame_markdown`); with `echo` print the Markdown or a preview. Returns the .tex file."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.tex"
-    latex = latex_cells(cells)
-    latex.columns.names = [None, None]
-    latex = frame_latex(latex, bold, caption, label or name)
-    path.write_text(re.sub(r"\\multicolumn\{(\d+)\}\{r\}", r"\\multicolumn{\1}{c}", latex))
+    path.write_text(frame_latex(cells, bold, caption, label or name))
+    text = frame_markdown(cells, bold, caption)
     if markdown:
-        path.with_suffix(".md").write_text(grouped_markdown(cells, bold, caption))
+        path.with_suffix(".md").write_text(text)
     if echo:
-        print(grouped_markdown(cells, bold, caption) if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING)}",
-              end="\n\n")
+        print(text if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING)}", end="\n\n")
     return path

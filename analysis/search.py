@@ -27,12 +27,12 @@ from matplotlib.ticker import MaxNLocator
 from fl_core.config import DATA_KNOBS
 from fl_core.results import KNOB_SYMBOLS, across_seeds
 
-from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys, config_knobs, selection_objective,
-                     selection_rows, settings_order, stage_column)
+from .common import (ANCHOR, CONFIRM, SELECT, SELECTED, chosen_row, config_keys, config_knobs, methods_order,
+                     selection_objective, selection_rows, settings_order, stage_column)
 from .figures import method_colors, save_figure
 from .load import load_trials, unfinished
 from .numbers import as_printed
-from .render import DAGGER, Table, frame_latex, frame_markdown, latex_label, rounds_reached
+from .render import DAGGER, Caption, Table, frame_latex, frame_markdown, latex_label, rounds_reached
 
 OBJECTIVES = {"acc_val_mean": "validation accuracy", "acc_mean": "test accuracy"}
 NAMES = KNOB_SYMBOLS | {"local_epochs": "epochs"}
@@ -57,11 +57,17 @@ def searched_knobs(select_rows: pd.DataFrame, cells=("setting",)) -> list[str]:
 
 
 def _cells(select: pd.DataFrame, cells: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
-    """(cell key, its select rows in start order), in the tables' order of data settings."""
-    order = settings_order(select)
+    """(cell key, its select rows in start order), in the tables' order of data settings (then
+    local epochs, then methods: `methods_order`)."""
+    settings = settings_order(select)
+    methods = {method: i for i, method in enumerate(methods_order(select))}
     groups = [(key if isinstance(key, tuple) else (key,), part) for key, part in
               select.sort_values("started_at", kind="stable").groupby(cells)]
-    return sorted(groups, key=lambda group: (order.index(group[0][0]), group[0][1:]))
+
+    def rank(key: tuple) -> tuple:
+        return (settings.index(key[0]), *(methods.get(v, len(methods)) if c == "method" else v
+                                         for c, v in zip(cells[1:], key[1:])))
+    return sorted(groups, key=lambda group: rank(group[0]))
 
 
 def _label(key: tuple) -> str:
@@ -140,28 +146,36 @@ def search_table_latex(df: pd.DataFrame, objective: str, label: str = "search_be
     """`best_per_cell` as a booktabs table (analysis.render.frame_latex): per cell the chosen
     configuration, its objective and test accuracy on the select seed, the select trials, and
     the chosen configuration beside the anchors over seeds (the best of each row in bold)."""
-    text, bold, caption = search_table_frame(df, objective, pm=r"$\pm$", dagger=r"$^\dagger$")
-    return frame_latex(text, bold, caption, label)
+    return frame_latex(*search_table_frame(df, objective), label)
 
 
 def search_table_markdown(df: pd.DataFrame, objective: str) -> str:
     """The same table in Markdown (analysis.render.frame_markdown), for the docs."""
-    text, bold, caption = search_table_frame(df, objective)
-    return frame_markdown(text, bold, caption)
+    return frame_markdown(*search_table_frame(df, objective))
 
 
-def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
-                       dagger: str = DAGGER) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The search table's cell texts, where they are bold, and its caption (plain text)."""
+def _rows(df: pd.DataFrame, cells: list[str]) -> tuple[pd.Index, list[str]]:
+    """The table's row index: the cell's label (`_label`), and where a cell searched several methods
+    (`tune`) the method under it (two levels); and each row's label as one text."""
+    labels = [_label(tuple(key)) for key in df[cells].itertuples(index=False)]
+    if len(set(labels)) == len(labels):
+        return pd.Index(labels), labels
+    methods = [_text(method) for method in df["method"]]
+    index = pd.MultiIndex.from_arrays([labels, methods], names=["data setting", "method"])
+    return index, [f"{label} / {method}" for label, method in zip(labels, methods)]
+
+
+def search_table_frame(df: pd.DataFrame, objective: str) -> tuple[pd.DataFrame, pd.DataFrame, Caption]:
+    """The search table's cell texts (plain), where they are bold, and its caption."""
     df = df.assign(**{c: np.nan for c in ("method", "objective_value", "select_acc", "select_seed") if c not in df})
     cells = [c for c in ("setting", "local_epochs") if c in df]
     compared = [c.removesuffix("_mean") for c in df.columns if c.endswith("_mean")]
     seed = int(df["select_seed"].dropna().iloc[0]) if df["select_seed"].notna().any() else 0
-    index = [_label(tuple(key)) for key in df[cells].itertuples(index=False)]
-    if len(set(index)) < len(index):  # several methods searched per setting (`tune`): a row each
-        index = [f"{label} / {_text(method)}" for label, method in zip(index, df["method"])]
+    index, labels = _rows(df, cells)
     text = pd.DataFrame({"method": [_text(m) for m in df["method"]]}, index=index)
-    for knob in [k for k in config_knobs(df) if k not in cells]:
+    if index.nlevels > 1:  # the method is the row's own label
+        text = text.drop(columns="method")
+    for knob in [k for k in config_knobs(df) if k not in cells and k != "algorithm"]:  # the method names it
         text[NAMES.get(knob, knob)] = [_text(v, ".3g", 1.0) for v in df[knob]]
     text[f"{'val.' if objective == 'acc_val_mean' else 'test'} s{seed}"] = [_text(v) for v in df["objective_value"]]
     text[f"test s{seed}"] = [_text(v) for v in df["select_acc"]]
@@ -169,8 +183,9 @@ def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
     bold = pd.DataFrame(False, index=index, columns=text.columns)
     what = OBJECTIVES.get(objective, objective)
     caption = [f"Configuration chosen per data setting{' and local epochs' if len(cells) > 1 else ''} by a "
-               f"selection stage: the completed trial with the best {what} ({objective}) of seed {seed}; trials "
-               f"the scheduler stopped early are never chosen; trials: selection trials run (those stopped early)."]
+               "selection stage.",
+               f"Chosen: the completed trial with the best {what} ({objective}) of seed {seed}; trials the scheduler "
+               "stopped early are never chosen; trials: selection trials run (those stopped early)."]
     if objective == "acc_mean":
         caption.append("The data has no validation split, so the selection used test accuracy: optimistic, "
                        "the same test data chose the configuration and scores it.")
@@ -179,7 +194,7 @@ def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
                    for part in ("mean", "std", "n", "marked")]
         table = Table("search_best", numbers[0], numbers[1], numbers[2].fillna(0).astype(int),
                       marked=numbers[3].fillna(False).astype(bool))
-        text = text.join(table.cells(pm=pm, dagger=dagger))
+        text = text.join(table.cells())
         shown = as_printed(numbers[0])
         several = len(compared) > 1   # a row to compare within: the selected configuration and anchors
         bold = bold.join(shown.eq(shown.max(axis=1), axis=0) & shown.notna() & several)
@@ -193,14 +208,14 @@ def search_table_frame(df: pd.DataFrame, objective: str, pm: str = "±",
     else:
         caption.append(f"Test accuracy (%) at the final round of seed {seed} only: no confirmation runs yet.")
     chosen = df["method"].notna().to_numpy()
-    notes = [f"{cell}: {note}" for cell, note, ok in zip(index, df["note"], chosen) if note and ok]
+    notes = [f"{cell}: {note}" for cell, note, ok in zip(labels, df["note"], chosen) if note and ok]
     if notes:
         caption.append(f"{DAGGER} = not over the same seeds at the same final round as the rest of its row; "
                        f"{'; '.join(notes)}.")
     if not chosen.all():
-        caption.append(f"No completed selection trial: {', '.join(np.array(index)[~chosen])}.")
+        caption.append(f"No completed selection trial: {', '.join(np.array(labels)[~chosen])}.")
     text.columns.name = "data setting" + (", epochs" if len(cells) > 1 else "")
-    return text, bold, " ".join(caption)
+    return text, bold, Caption(caption)
 
 
 def _space(values: pd.Series):

@@ -45,6 +45,13 @@ and daggers their cells, the caption naming the rounds reached; `--unfinished dr
 ("--" or "(n=k)"), the caption counting them. Both modes pick the same configurations, rows and
 columns; finished trials alone print exactly as they did before either mode existed.
 
+Every table is a float for a two-column paper (analysis.render: a `table` where it fits the
+column, a `table*` across both columns, or its value columns split over tabulars stacked under one
+caption), its rows by data setting (analysis.common.settings_order, a setting's label once) and
+method (methods_order), its caption at most 3 lines: the title and what fits of the legend, the
+rest (tests, marks, choices, models evaluated, threads) in a footnote-size note under the table;
+the Markdown twin says the same in a paragraph each.
+
 A sweep with a selection stage (Optuna search or ASHA per data setting; `stage` "select") also gets
 `search_best` (analysis.search); its select trials enter no other table, which holds the anchors and
 each confirmed configuration (its select run as its first seed) and no knob-keyed table.

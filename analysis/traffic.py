@@ -32,7 +32,7 @@ from analysis.load import load_clients, load_masks, load_rounds, reported_rounds
 from analysis.common import (TableError, chosen_trials, cosine_matrix, counted, final_rows, method_curves,
                              methods_order, selection_phrase, settings_order)
 from analysis.figures import heatmap, method_colors, save_figure
-from analysis.render import MISSING, accuracy_words, latex_label, summarize, unfinished_note, write_grouped_table
+from analysis.render import MISSING, Caption, accuracy_words, latex_label, summarize, unfinished_note, write_table
 from analysis.stats import load_final_accuracies
 from fl_core.results import MB, across_seeds
 
@@ -231,7 +231,7 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     acc_cells, bold, verdict = acc.cells(pm="±", dagger=""), acc.best_mask(), acc.verdict()
     mb = finished.groupby(["method", "setting"])["busiest_node_mb"].agg(lambda v: across_seeds(v.to_numpy())[0])
     columns = pd.MultiIndex.from_product([settings, ["Acc. (%)", "Busiest node (MB)"]])
-    cells = pd.DataFrame(None, index=methods, columns=columns, dtype=object)
+    cells = pd.DataFrame(None, index=pd.Index(methods, name="Method"), columns=columns, dtype=object)
     marks = pd.DataFrame(False, index=methods, columns=columns)
     for setting in settings:
         cells[(setting, "Acc. (%)")] = acc_cells[setting]
@@ -241,12 +241,12 @@ def traffic_table(sweeps, trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     count = (f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
              + ("" if acc.seeds_uniform() else " unless marked (n=k)"))
     dropped = list(trials.loc[late].reindex(columns=["rounds_done", "rounds"]).itertuples(index=False, name=None))
-    caption = (f"Accuracy and traffic of the busiest node. {accuracy_words(acc.reported)}, mean ± std over seeds "
-               f"({count}). {verdict.caption()} Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest "
-               f"node over the run, mean over seeds; busiest node: {BUSIEST}. Each method at "
-               f"{selection_phrase(finished)} per data "
-               f"setting; finished trials only; {MISSING} = no result. "
-               + unfinished_note(dropped, dropped=True)).strip()
+    caption = Caption(["Accuracy and traffic of the busiest node.",
+                       f"{accuracy_words(acc.reported)}, mean ± std over seeds ({count}).", verdict.caption(),
+                       "Total traffic (up + down, 1 MB = 1,000,000 bytes) of the busiest node over the run, mean over "
+                       f"seeds; busiest node: {BUSIEST}.",
+                       f"Each method at {selection_phrase(finished)} per data setting; finished trials only; {MISSING} "
+                       "= no result.", unfinished_note(dropped, dropped=True)])
     return cells, marks, caption, verdict.summary("traffic")
 
 
@@ -257,5 +257,4 @@ def write_traffic_table(sweeps, trials: pd.DataFrame, out, markdown: bool = Fals
     cells, bold, caption, summary = traffic_table(sweeps, trials)
     if summaries is not None:
         summaries.append(summary)
-    return write_grouped_table("traffic", cells, bold, caption, out, markdown, echo,
-                               latex_label("traffic", trials))
+    return write_table("traffic", cells, bold, caption, out, markdown, echo, latex_label("traffic", trials))

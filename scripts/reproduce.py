@@ -5,6 +5,7 @@
     python -m scripts.reproduce default --check      # run the default sweep in a temporary folder and
                                                      # fail when its tables differ from the committed ones
     python -m scripts.reproduce NAME --check --from-data  # recompute the tables from the committed data
+    python -m scripts.reproduce NAME --from-data     # rewrite the committed tables from the committed data
     python -m scripts.reproduce --list
 
 Every result table in the docs is a Markdown file that `analysis` wrote from a named sweep
@@ -17,7 +18,10 @@ sets up `.venv` first. For the default sweep the README's table is rewritten too
 The evidence travels with the tables: after a recipe's sweeps ran, `docs/results/NAME/data/<sweep>/`
 keeps what analysis reads to recompute them (`keep_data`: trials.parquet, study.toml and the
 compacted rows of the trials the tables report, not the search's), so that `--from-data` rebuilds
-every table and verdict of a fresh clone without running a sweep (`tests/test_docs.py` does).
+every table and verdict of a fresh clone without running a sweep (`tests/test_docs.py` does). Without
+`--check`, `--from-data` writes what it recomputes: after a change to how `analysis` prints a table,
+every Markdown table of NAME that now reads otherwise is rewritten from that data (no sweep, no
+figure redrawn) and provenance.md says at which commit (`data_rewrite_note`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import difflib
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -297,11 +302,19 @@ def flags_error(args: argparse.Namespace) -> str | None:
     if args.check and args.tables_only:
         return ("--check runs the sweeps; it cannot be combined with --tables-only (--check --from-data "
                 "recomputes the tables from the committed data)")
-    if args.from_data and not args.check:
-        return ("--from-data goes with --check (it compares what the committed data give with the committed "
-                "tables)")
+    if args.from_data and args.tables_only:
+        return ("--from-data reads the Parquet committed under docs/results/NAME/data/; --tables-only reads "
+                "--results: choose one")
     if args.ran_at is not None and not args.tables_only:
         return "--ran-at names the commit of sweeps run earlier; it goes with --tables-only"
+    return None
+
+
+def data_root_error(args: argparse.Namespace, data: str) -> str | None:
+    """What is wrong with the data root of a recipe whose sweeps run and need data (None: nothing)."""
+    if RECIPES[args.name].needs_data and not args.tables_only and not args.from_data and not Path(data).is_dir():
+        return (f"data root {data!r} is not a folder; give --data-root DIR holding FashionMNIST/raw "
+                "(or set FL_DATA_ROOT)")
     return None
 
 
@@ -320,6 +333,50 @@ def report_check(name: str, recipe: Recipe, results: Path, out: Path, committed:
     return 0
 
 
+TABLES_WRITTEN = re.compile(r"^Tables (?:and figures )?written by `analysis` at commit (\S+) \(([^)]*)\)"
+                            r"(?:, from the Parquet under `data/`; figures at commit (\S+) \(([^)]*)\))?\.$", re.M)
+
+
+def data_rewrite_note(provenance: str) -> str:
+    """provenance.md once its tables were rewritten from data/ at this commit: the line that says
+    which commit wrote the tables names this one, and keeps the one that drew the figures."""
+    found = TABLES_WRITTEN.search(provenance)
+    line = (f"Tables written by `analysis` at commit {commit_label()} ({time.strftime('%Y-%m-%d', time.gmtime())}), "
+            "from the Parquet under `data/`")
+    if found is None:
+        return provenance.rstrip("\n") + f"\n{line}.\n"
+    figures, day = (found.group(3), found.group(4)) if found.group(3) else (found.group(1), found.group(2))
+    return provenance[:found.start()] + f"{line}; figures at commit {figures} ({day})." + provenance[found.end():]
+
+
+def rewrite_from_data(name: str, recipe: Recipe, committed: Path) -> int:
+    """--from-data without --check: recompute NAME's tables from its committed data and write each
+    Markdown file that reads otherwise into `committed` (the default's also into the README);
+    provenance.md follows (`data_rewrite_note`). Figures are left as they are."""
+    if not (committed / KEPT).is_dir() and name != "claims":
+        print(f"error: docs/results/{name} keeps no data/ to recompute its tables from", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
+        results, fresh = Path(tmp) / "results", Path(tmp) / "fresh"
+        committed_data(list(CLAIMS_FROM) if name == "claims" else [name], results)
+        tabulate(name, recipe, results, fresh)
+        changed = [shutil.copy2(new, committed / new.name) for new in sorted(fresh.glob("*.md"))
+                   if not (committed / new.name).is_file() or (committed / new.name).read_text() != new.read_text()]
+        gone = sorted({p.name for p in committed.glob("*.md")} - {p.name for p in fresh.glob("*.md")}
+                      - {"provenance.md"})
+    for path in changed:
+        print(f"[reproduce] rewrote {repo_relative(Path(path))} from the committed data")
+    for file in gone:
+        print(f"[reproduce] {file}: not written from the data any more; left as it is")
+    if changed:
+        provenance = committed / "provenance.md"
+        provenance.write_text(data_rewrite_note(provenance.read_text() if provenance.exists() else ""))
+    if name == "default" and (committed / README_TABLE).exists() and sync_readme(committed / README_TABLE):
+        print(f"[reproduce] README table updated from {committed / README_TABLE}")
+    print(f"[reproduce] {len(changed)} tables of {name!r} rewritten from its data")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/reproduce.sh", description=__doc__.split("\n")[0])
     parser.add_argument("name", nargs="?", help="the recipe (--list shows them)")
@@ -328,8 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="run in a temporary folder and compare the tables with docs/results/NAME")
     parser.add_argument("--from-data", action="store_true",
-                        help="with --check: no sweep runs; the tables are recomputed from the Parquet committed "
-                             "under docs/results/NAME/data/ (the claims: that of the studies they read)")
+                        help="no sweep runs; the tables are recomputed from the Parquet committed under "
+                             "docs/results/NAME/data/ (the claims: that of the studies they read) and compared with "
+                             "the committed ones (with --check) or written over those that read otherwise")
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="results folder (default results/)")
     parser.add_argument("--data-root", default=None, help="data folder (default $FL_DATA_ROOT or ../shared/data)")
     parser.add_argument("--ran-at", default=None,
@@ -339,17 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, recipe in RECIPES.items():
             print(f"{name:32s} {recipe.about}")
         return 0 if args.list else 2
-    error = flags_error(args)
+    data = args.data_root or os.environ.get("FL_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    error = flags_error(args) or data_root_error(args, data)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     recipe = RECIPES[args.name]
-    data = args.data_root or os.environ.get("FL_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
-    if recipe.needs_data and not args.tables_only and not args.from_data and not Path(data).is_dir():
-        print(f"error: data root {data!r} is not a folder; give --data-root DIR holding FashionMNIST/raw "
-              "(or set FL_DATA_ROOT)", file=sys.stderr)
-        return 2
     committed = DOCS_RESULTS / args.name
+    if args.from_data and not args.check:
+        return rewrite_from_data(args.name, recipe, committed)
     with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
         results = Path(tmp) / "results" if args.check else args.results
         commands = [command_line(recipe, s, results, data) for s in recipe.sweeps]

@@ -2,6 +2,8 @@
 sweep of round rows in which chosen trials stop early (no Ray)."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from fl_core.result_files import trials_from_rounds
@@ -17,12 +19,18 @@ def trial(algorithm="fedselect", seed=0, acc=0.5, partition="shards", dataset="s
 
 
 def body_rows(latex: str) -> dict[str, list[str]]:
-    """The rows between \\midrule and \\bottomrule: label -> cell texts."""
-    body = latex.split("\\midrule")[1].split("\\bottomrule")[0]
-    rows = {}
-    for line in body.strip().splitlines():
-        label, *cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
-        rows[label] = cells
+    """The body rows of a table: label -> cell texts. A table split into stacked tabulars (too wide
+    for one) has its rows joined again: each part repeats the row labels (its `l` columns), taken
+    once. Rules and a group's header row (`\\multicolumn`) are not rows."""
+    rows: dict[str, list[str]] = {}
+    for part, (spec, body) in enumerate(re.findall(r"\\begin\{tabular\}\{([^}]*)\}(.*?)\\end\{tabular\}", latex, re.S)):
+        keys = spec.count("l")
+        body = body.split("\\midrule", 1)[1].split("\\bottomrule")[0]
+        for line in body.strip().splitlines():
+            if not line.rstrip().endswith("\\\\") or line.startswith("\\multicolumn"):
+                continue
+            label, *cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
+            rows[label] = rows.get(label, []) + cells[keys - 1:] if part else cells
     return rows
 
 
@@ -65,16 +73,11 @@ def write_sweep(folder, stopped=None, rounds=5, with_trials=True, acc=None):
 
 # What the methods table of the finished `write_sweep` prints without its per-client rows (2 seeds:
 # no paired test, bold as printed); unchanged by the marking of unfinished trials (the last
-# sentence, the models evaluated, came later).
+# sentence, the models evaluated, came later). A table of the column: the title alone fits the
+# caption's 3 lines with the legend, which the note under the table takes with the rest.
 FINISHED_LATEX = (r"""\begin{table}
 \centering
-\caption{Methods by data setting. Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell """
-                  r"unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly "
-                  r"better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. "
-                  r"Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds "
-                  r"(1--2 in common): no test and no mark, as a test over so few seeds has too little power and the "
-                  r"clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ "
-                  r"""= 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.}
+\caption{Methods by data setting.}
 \label{tab:methods}
 \begin{tabular}{lc}
 \toprule
@@ -85,5 +88,13 @@ FedAvg & 45.0 $\pm$ 7.1 \\
 Local & 70.0 (n=1) \\
 \bottomrule
 \end{tabular}
+\par\smallskip
+{\footnotesize\raggedright Final personalized accuracy (\%), mean $\pm$ std over seeds (2 seeds per cell """
+                  r"unless marked (n=k)); -- = no result. $^{\blacktriangle}$/$^{\blacktriangledown}$: significantly "
+                  r"better/worse than FedAvg, $^{\vartriangle}$/$^{\triangledown}$: than Local, in the same column. "
+                  r"Bold: the best of its column and every cell that prints its value. Cells share fewer than 5 seeds "
+                  r"(1--2 in common): no test and no mark, as a test over so few seeds has too little power and the "
+                  r"clients of one run are not independent samples. Local epochs = 1. FedSelect at p = 0.25, $\alpha$ "
+                  r"""= 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.\par}
 \end{table}
 """)

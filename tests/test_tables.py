@@ -294,7 +294,7 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
     assert "Other pairs of cells share fewer than 5 seeds (1 in common): no test and no mark" in latex
     assert latex.count("$^\\dagger$") == 2                             # the cell and the caption
     assert ("$^\\dagger$ = includes runs that did not finish (stopped early, failed or still running), "
-            "each at the last round it reached: round 3 of 5.}") in latex
+            "each at the last round it reached: round 3 of 5.\\par}") in latex
     out = capsys.readouterr().out
     assert "60.0† (n=1)" in out and "† = includes runs that did not finish" in out
 
@@ -305,7 +305,7 @@ def test_unfinished_sweep_marks_its_cells(tmp_path, capsys, with_trials):
     assert body_rows(dropped) == {"FedSelect": ["\\bfseries 84.0 $\\pm$ 3.2$^{\\blacktriangle}$"],
                                   "FedAvg": ["44.4 $\\pm$ 3.2"], "Local": ["--"]}  # the cell is left empty
     assert "over the table's 1 distinct pair of cells tested" in dropped and "fewer than 5" not in dropped
-    assert "dagger" not in dropped and "Left out: 1 run that did not finish (reached round 3 of 5).}" in dropped
+    assert "dagger" not in dropped and "Left out: 1 run that did not finish (reached round 3 of 5).\\par}" in dropped
 
 
 def test_cli_explains_the_unfinished_option(capsys):
@@ -413,7 +413,8 @@ def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
         for col in cells.columns:
             shown = f"**{cells.loc[row, col]}**" if best.loc[row, col] else cells.loc[row, col]
             assert f"| {shown} " in line + " "
-    assert table.full_caption() in text
+    after = text.split("\n\n", 1)[1].strip().split("\n\n")   # the caption, then the note under the table
+    assert len(after) == 2 and " ".join(after) == table.full_caption()
     assert tables.main([str(folder), "--table", "methods", "--markdown", "--out", str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "methods.md").read_text() == text and text in capsys.readouterr().out
     # written again without --markdown: the twin would be stale, so it goes, and the user is told
