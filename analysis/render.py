@@ -592,5 +592,5 @@ def write_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str
     if markdown:
         path.with_suffix(".md").write_text(text)
     if echo:
-        print(text if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING)}", end="\n\n")
+        print(text if markdown else f"[{name}] {caption}\n{cells.fillna(MISSING).to_string()}", end="\n\n")
     return path
