@@ -263,8 +263,9 @@ def test_tables_cli_writes_fedl2p_tables_and_keeps_them_out_of_methods(study, tm
     out = tmp_path / "tables"
     assert tables.main([str(study), "--out", str(out), "--markdown"]) == 0
     latex = (out / "fedl2p.tex").read_text()
-    assert "\\begin{tabular}{lllcccccc}" in latex
-    assert "Data setting & Clients & e & Global Acc & FT (BN C)" in latex
+    assert "\\begin{tabular}{llcccccc}" in latex                  # the setting: a header row over its rows
+    assert f"\\multicolumn{{8}}{{l}}{{\\itshape {SETTING}}} \\\\" in latex
+    assert "Clients & e & Global Acc & FT (BN C)" in latex
     assert r"\bfseries 65.0 $\pm$ 7.1" in latex
     markdown = (out / "fedl2p.md").read_text()
     cells = "35.0 ± 7.1 | 55.0 ± 7.1 | 42.0 ± 2.8 | 45.0 (n=1) | 55.0 ± 4.2 | **65.0 ± 7.1**"  # 2 seeds: no test
