@@ -297,7 +297,7 @@ def to_latex(table: Table, label: str | None = None) -> str:
 
 
 def to_markdown(table: Table) -> str:
-    """The table as Markdown (`frame_markdown`): best cells in bold, then its caption and note."""
+    """The table as Markdown (`frame_markdown`): its caption, the table (best cells in bold), its note."""
     return frame_markdown(table.cells(), table.best_mask(), table.full_caption())
 
 
@@ -565,7 +565,7 @@ def frame_latex(cells: pd.DataFrame, bold: pd.DataFrame, caption: str, name: str
 def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str:
     """Plain cell texts (None: no result) as a Markdown table, bold cells in `**`, a column per row
     label level (a group's label and each other label only where it changes), an upper header as
-    "upper: lower"; then the caption and the note as paragraphs, split as in LaTeX."""
+    "upper: lower"; the caption above it and the note after it, as paragraphs split as in LaTeX."""
     table = grid(cells, bold)
     text, note = split_caption(caption, table_layout(table).width)
     grouped = any(group is not None for group in table.groups)
@@ -577,7 +577,7 @@ def frame_markdown(cells: pd.DataFrame, bold: pd.DataFrame, caption: str) -> str
         above = group
         shown = [f"**{v}**" if b else v for v, b in zip(values, bold_row)]
         lines.append("| " + " | ".join([*first, *labels, *shown]) + " |")
-    return "\n".join(lines) + f"\n\n{text}\n" + (f"\n{note}\n" if note else "")
+    return f"{text}\n\n" + "\n".join(lines) + "\n" + (f"\n{note}\n" if note else "")
 
 
 def write_table(name: str, cells: pd.DataFrame, bold: pd.DataFrame, caption: str, out, markdown: bool = False,

@@ -152,7 +152,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     assert "bash scripts/reproduce.sh default" in provenance and "Sweeps run: abc1234." in provenance
     assert "python -m sweeps.run fedselect_grid --name fedselect-grid" in provenance
     table = (docs / "default" / "methods.md").read_text()
-    assert table.startswith("| Method |") and table.strip() in readme.read_text()
+    assert table.split("\n\n")[1].startswith("| Method |") and table.strip() in readme.read_text()  # caption first
     again = reproduce.tabulate("default", reproduce.RECIPES["default"], results, tmp_path / "again")
     assert reproduce.check(tmp_path / "again", docs / "default") == [] and again
     assert reproduce.main(["default", "--results", str(results)]) == 2   # a sweep folder is never overwritten

@@ -89,7 +89,7 @@ def test_a_group_label_is_printed_once_and_other_labels_where_they_change():
     body = latex.split("\\midrule", 1)[1].split("\\bottomrule")[0]
     assert [line.split(" & ")[:2] for line in body.splitlines() if " & " in line] == \
         [["FT (BN C)", "1"], ["", "5"], ["FedL2P", "1"], ["", "5"]] * 2
-    markdown = frame_markdown(cells, bold, Caption(["Title."])).splitlines()
+    markdown = frame_markdown(cells, bold, Caption(["Title."])).splitlines()[2:]   # after the caption
     assert markdown[0] == "| Data setting | Method | e | Global Acc | FedL2P |"
     assert [line.split(" | ")[0] for line in markdown[2:10]] == \
         [f"| {settings(2)[0]}", "| ", "| ", "| ", f"| {settings(2)[1]}", "| ", "| ", "| "]
@@ -131,7 +131,7 @@ def test_convergence_rows_come_by_setting_method_and_configuration():
     cells, caption = convergence_frame(table)
     assert list(cells.columns) == ["Tail", "Last", "Δ", "Std", "Conv."]   # the same rounds and seeds everywhere
     assert "Every row: rounds 8 → 10 (R_tail → R), 2 seeds." in caption
-    markdown = frame_markdown(cells, cells.isna(), caption)
+    markdown = frame_markdown(cells, cells.isna(), caption).split("\n\n")[1]   # the table, after its caption
     assert [line.split(" | ")[:2] for line in markdown.splitlines()[2:8]] == [
         ["| digits, 2 shards", "FedSelect"], ["| ", "FedAvg"], ["| ", "Local"],
         ["| digits, Dir(0.3)", "FedSelect [p=0.25]"], ["| ", "FedSelect [p=0.8]"], ["| ", "Local"]]

@@ -239,7 +239,8 @@ def test_a_tuned_study_gets_one_row_per_method_searched_in_a_setting():
     assert list(best[best["setting"] == DIR]["method"]) == ["FedSelect"]  # one method searched there
     page = search.search_table_markdown(best, "acc_val_mean")
     assert f"| {SHARDS} | FedSelect |" in page and "|  | FedAvg |" in page   # the setting's label once
-    assert page.startswith("| data setting | method |") and page.count("\n| ") == len(best)  # a row per method
+    table = page.split("\n\n")[1]                                                  # after its caption
+    assert table.startswith("| data setting | method |") and table.count("\n| ") == len(best)  # a row per method
 
 
 def test_the_markdown_twin_is_written_beside_the_latex_and_bolds_nothing_without_a_row_to_compare(tmp_path):

@@ -405,7 +405,8 @@ def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
     table.finals = load_final_accuracies([folder], table.runs["run"])  # as build_tables does
     text = tables.to_markdown(table)
     lines = text.splitlines()
-    assert lines[0].startswith("| Method |") and lines[1].startswith("|---|")
+    assert lines[0].startswith("Methods by data setting.") and lines[1] == ""          # the caption above it
+    assert lines[2].startswith("| Method |") and lines[3].startswith("|---|")
     cells = table.cells()
     best = table.best_mask()
     for row in cells.index:
@@ -413,8 +414,8 @@ def test_markdown_table_has_the_cells_of_the_latex_one(tmp_path, capsys):
         for col in cells.columns:
             shown = f"**{cells.loc[row, col]}**" if best.loc[row, col] else cells.loc[row, col]
             assert f"| {shown} " in line + " "
-    after = text.split("\n\n", 1)[1].strip().split("\n\n")   # the caption, then the note under the table
-    assert len(after) == 2 and " ".join(after) == table.full_caption()
+    caption, _, note = text.strip().split("\n\n")   # the caption above the table, the note under it
+    assert " ".join([caption, note]) == table.full_caption()
     assert tables.main([str(folder), "--table", "methods", "--markdown", "--out", str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "methods.md").read_text() == text and text in capsys.readouterr().out
     # written again without --markdown: the twin would be stale, so it goes, and the user is told
