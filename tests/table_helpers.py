@@ -98,3 +98,16 @@ Local & 70.0 (n=1) \\
                   r"""= 0.8. Model evaluated: FedSelect, Local: after local training; FedAvg: after the broadcast.\par}
 \end{table}
 """)
+
+
+def docs_sandbox(tmp_path, monkeypatch):
+    """scripts/reproduce.py pointed at a docs/results folder and a README under tmp_path (the
+    README holding the generated block's markers); returns (docs/results, README)."""
+    from scripts import reproduce
+
+    docs, readme = tmp_path / "docs-results", tmp_path / "README.md"
+    start, end = reproduce.readme_markers(docs / "default" / reproduce.README_TABLE)
+    readme.write_text(f"top\n{start}\n{end}\n")
+    monkeypatch.setattr(reproduce, "DOCS_RESULTS", docs)
+    monkeypatch.setattr(reproduce, "README", readme)
+    return docs, readme

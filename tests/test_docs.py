@@ -129,7 +129,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     docs/results/NAME (here a temporary one) with provenance.md, the README block follows the
     methods table, and a second tabulation of the same sweep is identical (what --check compares)."""
     import pandas as pd
-    from table_helpers import write_sweep
+    from table_helpers import docs_sandbox, write_sweep
 
     from sweeps import parquet_sink
     from sweeps.parquet_sink import round_sources
@@ -139,12 +139,7 @@ def test_reproduce_tabulates_a_sweep_into_the_docs_folder_with_its_provenance(tm
     keys = sorted(pd.read_parquet(sweep / "trials.parquet").config_hash)
     for key in [*keys, "fffffffffff0"]:   # the last: a trial no table reports, whose clients are not kept
         parquet_sink.write_clients(sweep, key, [{"config_hash": key, "client": 0, "domain": "clean"}])
-    docs = tmp_path / "docs-results"
-    readme = tmp_path / "README.md"
-    start, end = reproduce.readme_markers(docs / "default" / reproduce.README_TABLE)
-    readme.write_text(f"top\n{start}\n{end}\n")
-    monkeypatch.setattr(reproduce, "DOCS_RESULTS", docs)
-    monkeypatch.setattr(reproduce, "README", readme)
+    docs, readme = docs_sandbox(tmp_path, monkeypatch)
     assert reproduce.main(["default", "--tables-only", "--results", str(results), "--ran-at", "abc1234"]) == 0
     made = {p.name for p in (docs / "default").iterdir()}
     assert {"methods.md", "provenance.md", "accuracy_vs_round.png"} <= made

@@ -5,17 +5,13 @@ follows its methods table."""
 from __future__ import annotations
 
 from scripts import reproduce
-from table_helpers import write_sweep
+from table_helpers import docs_sandbox, write_sweep
 
 
 def test_from_data_rewrites_the_tables_that_read_otherwise(tmp_path, monkeypatch, capsys):
-    results, docs = tmp_path / "results", tmp_path / "docs-results"
+    results = tmp_path / "results"
     write_sweep(results / "fedselect-grid")
-    readme = tmp_path / "README.md"
-    start, end = reproduce.readme_markers(docs / "default" / reproduce.README_TABLE)
-    readme.write_text(f"top\n{start}\n{end}\n")
-    monkeypatch.setattr(reproduce, "DOCS_RESULTS", docs)
-    monkeypatch.setattr(reproduce, "README", readme)
+    docs, readme = docs_sandbox(tmp_path, monkeypatch)
     assert reproduce.main(["default", "--tables-only", "--results", str(results), "--ran-at", "abc1234"]) == 0
     folder = docs / "default"
     methods = (folder / "methods.md").read_text()
