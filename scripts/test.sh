@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: set up .venv if needed, then run pytest. Extra arguments go to pytest.
-#   bash scripts/test.sh          the quick run: every test not marked slow, on every core (about 7 min on 2)
+#   bash scripts/test.sh          the quick run: every test not marked slow, on every core (time: README)
 #   bash scripts/test.sh --all    every test, the slow ones too (Ray sweeps, the site, real data), in one
 #                                 process (the Ray tests share one cluster): CI's run
 set -euo pipefail
