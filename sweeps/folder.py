@@ -23,8 +23,8 @@ from .spec import STUDIES
 # resumed (its plan cannot be rebuilt, or would mix two semantics under one hash).
 SWEEP_FORMAT = 4
 # Flags that may change when a sweep is resumed (where and how it runs, not what it computes).
-RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "max_failures", "resume", "name", "results",
-                    "max_concurrent", "verbose")
+RESUME_OVERRIDES = ("address", "cpus_per_trial", "gpus_per_trial", "gpu_sharing", "max_failures", "resume", "name",
+                    "results", "max_concurrent", "verbose")
 
 
 def sweep_folder(study: str, args: argparse.Namespace) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 from fl_core import kernels
 from fl_core.data import load_data
 
-from . import damage, parquet_sink, resources
+from . import damage, gpu_sharing, parquet_sink, resources
 from .allocator import allocator_env
 from .errors import SweepError
 from .folder import save_args
@@ -67,6 +67,11 @@ def launch(plan: SweepPlan, gpus: float | str) -> int:
 def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     import ray
 
+    started_ray = not ray.is_initialized()
+    # GPU sharing (sweeps/gpu_sharing.py), decided before any data or Ray: an impossible --gpu-sharing mps
+    # fails here; a daemon can serve only the workers of a Ray this sweep starts on this machine
+    choose = gpu_sharing.chooser(plan.args.gpu_sharing, own_ray=started_ray and plan.args.address is None)
+    daemon = gpu_sharing.daemon_for(choose(gpu_sharing.asked_fraction(gpus), has_gpus=True), plan.folder.name)
     if plan.args.resume:  # damaged files are set aside and their trials run again (sweeps/damage.py)
         damage.set_aside(plan.folder, say=lambda line: print(line, flush=True))
     print(f"[sweep] kernels: {kernel_line(plan.args.reproducible)}", flush=True)
@@ -87,8 +92,9 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
     # Tune's classic output engine: the one that prints through our progress reporter (its new engine,
     # RAY_AIR_NEW_OUTPUT=1, ignores a passed reporter and prints its own tables)
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    started_ray = not ray.is_initialized()
     try:
+        if daemon is not None:  # started before ray.init: the Ray it starts gives its workers the driver's
+            daemon.start()      # environment, where the daemon's pipe folder now is (CUDA_MPS_PIPE_DIRECTORY)
         if started_ray:
             if plan.args.address is None:
                 loopback_only()
@@ -100,14 +106,23 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
               f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU; "
               f"workers' allocator: {allocator if started_ray else 'as the running Ray started them'}", flush=True)
+        sharing = choose(request.gpus, has_gpus=ray.cluster_resources().get("GPU", 0) > 0)
+        if daemon is not None and not sharing.own_daemon:  # auto on a cluster without GPUs: none to share
+            daemon.stop()
+        if sharing.mode:
+            print(f"[sweep] GPU sharing: {sharing.text(str(daemon.pipe) if sharing.own_daemon else None)}", flush=True)
         refs = {key: ray.put(data) for key, data in datasets.items()}
         pause_for_tests("start")
         save_args(plan.folder, plan.args, plan.study, to_toml(plan.spec))
-        return _tune(plan, request, refs, guard)
+        return _tune(plan, request, refs, guard, sharing)
     finally:
-        if started_ray:
-            with guard.hold(then_raise=False):
-                ray.shutdown()
+        with guard.hold(then_raise=False):
+            try:
+                if started_ray:
+                    ray.shutdown()
+            finally:
+                if daemon is not None:  # after Ray: its workers, the daemon's clients, have ended
+                    daemon.stop()
 
 
 def kernel_line(reproducible: bool) -> str:
@@ -147,9 +162,11 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any], guard: Interrupts) -> int:
+def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, Any], guard: Interrupts,
+          sharing: gpu_sharing.Sharing) -> int:
     """Run the stages in order (sweeps/stages.py); after the last select stage, the confirm stage
-    of its winners. An interrupt stops after the stage it came in."""
+    of its winners. An interrupt stops after the stage it came in. The summary says how the trials
+    shared their GPUs (`sharing`)."""
     from ray import tune
 
     args, folder = plan.args, plan.folder
@@ -168,7 +185,7 @@ def _tune(plan: SweepPlan, request: resources.TrialResources, refs: dict[str, An
                                     selected=set(winners(finished)))
         if stopped is None:  # every stage ran: one schema per folder for any Parquet reader
             parquet_sink.unify_schema(folder)
-        summary(plan, trials, rows, elapsed, stopped)
+        summary(plan, trials, rows, elapsed, stopped, sharing=sharing.text() if sharing.mode else "")
     if guard.signum is not None:
         if stopped is None:  # it came while the summary was written: every trial had ended
             print(f"[sweep] {signal_name(guard.signum)}: tables and figures skipped; write them with: "

@@ -42,6 +42,7 @@ from fl_core.results import REPORT_ROUNDS, results_problem
 from . import resources
 from .errors import SweepError
 from .folder import load_args, resume_name, saved_study, sweep_folder
+from .gpu_sharing import MODES as GPU_SHARING_MODES
 from .plan import SweepPlan, varying_knobs
 from .spec import (SCHEDULERS, SEARCHES, Range, StudySpec, budget_line, load_spec, resolved, show_value,
                    with_overrides)
@@ -49,7 +50,8 @@ from .stages import plan_stages
 
 NOT_FLAGS = ("algorithm", "device", "threads", "seed")   # seeds: --seeds
 RUNTIME = ("results", "name", "tracking_uri", "resume", "checkpoint_every", "verbose", "cpus_per_trial",
-           "gpus_per_trial", "address", "max_concurrent", "max_failures", "reproducible", "inject_crash_at_round")
+           "gpus_per_trial", "gpu_sharing", "address", "max_concurrent", "max_failures", "reproducible",
+           "inject_crash_at_round")
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,12 @@ def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
     run.add_argument("--gpus-per-trial", default="auto",
                      help="GPUs per trial: a fraction packs trials (0.25 = four per GPU); auto = 0.25 on a "
                           "cluster with GPUs, 0 without (default: auto)")
+    run.add_argument("--gpu-sharing", choices=GPU_SHARING_MODES, default="auto",
+                     help="how trials packed on one GPU (--gpus-per-trial below 1) share it: mps starts NVIDIA's "
+                          "Multi-Process Service for the sweep (its own daemon, stopped at the end), so that they "
+                          "run at once; time-slice leaves them to take turns (each has its own CUDA context); auto "
+                          "= mps where it can run (packed trials, this sweep's own Ray, nvidia-cuda-mps-control on "
+                          "PATH), else time-slice; the sweep prints which runs (default: auto)")
     run.add_argument("--address", default=None,
                      help="join a running Ray cluster: auto, or HEAD:PORT (default: none, start a local one)")
     run.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once (default: none)")

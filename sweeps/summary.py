@@ -35,12 +35,14 @@ def resume_command(plan: SweepPlan) -> str:
     return f"{plan.command} --resume {shlex.quote(plan.folder.name)} --results {shlex.quote(str(plan.args.results))}"
 
 
-def summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, stopped_by: int | None = None) -> None:
+def summary(plan: SweepPlan, trials: pd.DataFrame, rows: int, elapsed: float, stopped_by: int | None = None,
+            sharing: str = "") -> None:
     folder = plan.folder
     done = trials[trials.status == "COMPLETED"]
     how = f"stopped by {signal_name(stopped_by)} after" if stopped_by is not None else "in"
     print(f"\n[sweep] {folder.name}: {len(done)}/{len(trials)} trials completed ({status_counts(trials)}) {how} "
-          f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)")
+          f"{elapsed:.0f} s; {rows} Parquet rows (trial x round x client)"
+          + (f"; GPU sharing: {sharing}" if sharing else ""))
     if "stage" in done and plan.spec.selects:  # select runs are not results (analysis.common.final_rows)
         done = final_rows(done)
     pretrained = done[done["stage"] == "pretrain"] if "stage" in done else done.iloc[:0]
