@@ -38,10 +38,13 @@ def trial(args: argparse.Namespace, index: int, barrier, out) -> None:
     """One trial process: a FedAvg run on the device; after the warm-up round it waits for the
     others, then times `args.rounds` rounds (each ends in scoring, which synchronises the device)."""
     torch.set_num_threads(1)
-    config = RunConfig(algorithm="fedavg", dataset="cifar10", model=args.model, num_clients=args.clients,
+    # `args.shape`/`args.dataset`, when set (benchmarks/gpu_check.py: LeNet on digits-shaped inputs): other
+    # inputs than CIFAR's; this command's own flags leave them unset
+    shape, dataset = getattr(args, "shape", CIFAR_SHAPE), getattr(args, "dataset", "cifar10")
+    config = RunConfig(algorithm="fedavg", dataset=dataset, model=args.model, num_clients=args.clients,
                        samples_per_client=args.samples, test_samples_per_client=args.samples, local_epochs=1,
                        rounds=args.rounds + 1, eval_every=1, seed=index, threads=1, device=args.device)
-    data = random_federated(args.clients, CIFAR_SHAPE, args.samples, args.samples, seed=index)
+    data = random_federated(args.clients, shape, args.samples, args.samples, seed=index)
     sim = Simulation(config, data=data)
     sim.run_round()
     barrier.wait()
@@ -70,15 +73,21 @@ def pack(args: argparse.Namespace, n: int) -> tuple[list[float], str]:
     return [s for _, s, _ in sorted(results)], results[0][2]
 
 
+def row(args: argparse.Namespace, n: int, alone: float | None = None) -> dict:
+    """The row of `n` trials at once; `alone`: the mean round of one trial alone, the slowdown's base
+    (None: this row is that base)."""
+    seconds, device = pack(args, n)
+    mean = statistics.mean(seconds)
+    alone = mean if alone is None else alone
+    return {"trials": n, "fraction": f"1/{n}" if n > 1 else "1", "device": device, "round_mean": mean,
+            "round_max": max(seconds), "throughput": sum(1 / s for s in seconds), "slowdown": mean / alone}
+
+
 def rows(args: argparse.Namespace) -> list[dict]:
     """One row per pack size (`args.packs` starts at 1: the trial alone is the slowdown's base)."""
     table = []
     for n in args.packs:
-        seconds, device = pack(args, n)
-        mean = statistics.mean(seconds)
-        alone = mean if n == 1 else table[0]["round_mean"]
-        table.append({"trials": n, "fraction": f"1/{n}" if n > 1 else "1", "device": device, "round_mean": mean,
-                      "round_max": max(seconds), "throughput": sum(1 / s for s in seconds), "slowdown": mean / alone})
+        table.append(row(args, n, table[0]["round_mean"] if table else None))
     return table
 
 

@@ -37,10 +37,13 @@ from benchmarks.fixtures import write_report
 from fl_core import kernels
 from fl_core.models import build_model
 from fl_core.training import LocalTrainer, SGDSettings
-from fl_core.vectorized import train_pass_together
+from fl_core.vectorized import train_pass_together, vectorizable
 
 CASES = {"lenet-8x8": ("lenet", (1, 8, 8)), "lenet-28x28": ("lenet", (1, 28, 28)),
          "cnn2-32x32x3": ("cnn2", (3, 32, 32))}
+# Cases whose model `train_pass_together` refuses (`vectorizable`): `measure` times their loop only
+# (benchmarks/gpu_check.py's row per model); not among the command's cases, whose table compares both sides.
+LOOP_ONLY_CASES = {"resnet18-32x32x3": ("resnet18", (3, 32, 32))}
 SGD = SGDSettings(lr=0.05, batch_size=32, momentum=0.9)
 
 
@@ -57,7 +60,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def clients(case: str, count: int, samples: int, device: torch.device):
     """A model and `count` clients: states (the model's), samples of unequal sizes, full updates."""
-    name, shape = CASES[case]
+    name, shape = CASES[case] if case in CASES else LOOP_ONLY_CASES[case]
     torch.manual_seed(0)
     model = build_model(name, shape, 10).to(device)
     protos = torch.randn(10, *shape)
@@ -70,12 +73,24 @@ def clients(case: str, count: int, samples: int, device: torch.device):
     return model, states, xs, [y.to(device) for y in ys], updates
 
 
+def timed(fn, device: torch.device) -> tuple[float, object]:
+    """Seconds of `fn()` (the device synchronised before the clock stops) and what it returned."""
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, out
+
+
 def measure(case: str, threads: int, args: argparse.Namespace) -> dict:
+    """The row of `case` (a key of CASES, or of LOOP_ONLY_CASES: then together, diff and within are
+    None and `refused` says why the model trains client by client)."""
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     model, states, xs, ys, updates = clients(case, args.clients, args.samples, device)
     trainer = LocalTrainer(model, SGD)
     seeds = list(range(len(states)))
+    refused = vectorizable(model)
 
     def loop():
         return [trainer.train_pass(s, x, y, u, seed)[0] for s, x, y, u, seed in zip(states, xs, ys, updates, seeds)]
@@ -84,23 +99,19 @@ def measure(case: str, threads: int, args: argparse.Namespace) -> dict:
         return train_pass_together(model, states, xs, ys, updates, seeds, lr=SGD.lr, batch_size=SGD.batch_size,
                                    momentum=SGD.momentum)[0]
 
-    def timed(fn):
-        start = time.perf_counter()
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start, out
-
-    _, ref = timed(loop)
-    _, new = timed(together)
-    diff = max(float((a[n] - b[n]).abs().max()) for a, b in zip(new, ref) for n in a)
-    within = sum(all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in a) for a, b in zip(new, ref))
+    sides = (("loop", loop),) if refused else (("loop", loop), ("together", together))
+    outs = {side: timed(fn, device)[1] for side, fn in sides}  # the warm-up call of each side
+    diff = within = None
+    if not refused:
+        new, ref = outs["together"], outs["loop"]
+        diff = max(float((a[n] - b[n]).abs().max()) for a, b in zip(new, ref) for n in a)
+        within = sum(all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in a) for a, b in zip(new, ref))
     times = {"loop": [], "together": []}
     for _ in range(args.repeats):
-        for side, fn in (("loop", loop), ("together", together)):
-            times[side].append(timed(fn)[0])
-    return dict(case=case, threads=threads, clients=args.clients, diff=diff, within=within,
-                **{side: statistics.median(t) for side, t in times.items()})
+        for side, fn in sides:
+            times[side].append(timed(fn, device)[0])
+    return dict(case=case, threads=threads, clients=args.clients, diff=diff, within=within, refused=refused,
+                **{side: statistics.median(t) if t else None for side, t in times.items()})
 
 
 def cpu_name() -> str:
