@@ -86,13 +86,14 @@ def save_args(folder: Path, args: argparse.Namespace, study: str | None = None, 
     resolved study spec), each replaced atomically: a killed driver leaves the old file or the new."""
     folder.mkdir(parents=True, exist_ok=True)
     if spec_text is not None:
-        _atomic_write(folder / "study.toml", spec_text)
+        atomic_write(folder / "study.toml", spec_text)
     saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     recorded = {"sweep_format": SWEEP_FORMAT} | ({"study": study} if study else {})
-    _atomic_write(folder / "sweep.json", json.dumps(saved | recorded, indent=1))
+    atomic_write(folder / "sweep.json", json.dumps(saved | recorded, indent=1))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a killed writer leaves the old file or the new, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

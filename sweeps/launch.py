@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fl_core import kernels
 from fl_core.data import load_data
 
-from . import damage, gpu_sharing, parquet_sink, resources
+from . import damage, gpu_sharing, parquet_sink, probe, resources
 from .allocator import allocator_env
 from .errors import SweepError
 from .folder import save_args
@@ -88,6 +88,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
           + (f" + {sum(plan.spec.num_samples for s in plan.stages if s.searched)} sampled"
              if plan.search == "optuna" else "")
           + f"; {len(datasets)} client datasets (data settings x seeds); stages: {stages}", flush=True)
+    measured = auto_probe(plan, gpus, datasets)  # before the MPS daemon: the driver's CUDA context is not its client
 
     # Tune's classic output engine: the one that prints through our progress reporter (its new engine,
     # RAY_AIR_NEW_OUTPUT=1, ignores a passed reporter and prints its own tables)
@@ -102,7 +103,7 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
                 ray.init(address=plan.args.address, include_dashboard=False, configure_logging=True,
                          logging_level="WARNING", log_to_driver=True, runtime_env=worker_env(plan.args, preload))
                 guard.reinstall()
-        request = resources.resolve(plan.args.cpus_per_trial, gpus, ray.cluster_resources())
+        request = trial_resources(plan, gpus, measured, ray.cluster_resources())
         print(f"[sweep] each trial: {request.cpus:g} CPU, {request.gpus:g} GPU; cluster: "
               f"{ray.cluster_resources().get('CPU', 0):g} CPU, {ray.cluster_resources().get('GPU', 0):g} GPU; "
               f"workers' allocator: {allocator if started_ray else 'as the running Ray started them'}", flush=True)
@@ -123,6 +124,27 @@ def _launch(plan: SweepPlan, gpus: float | str, guard: Interrupts) -> int:
             finally:
                 if daemon is not None:  # after Ray: its workers, the daemon's clients, have ended
                     daemon.stop()
+
+
+def auto_probe(plan: SweepPlan, gpus: float | str,
+               datasets: dict[str, Any]) -> Callable[[], tuple[float, float]] | None:
+    """For `--gpus-per-trial auto`, the probe of the first stage's first configuration on one CPU
+    thread and on the GPU (sweeps/probe.py), run now; None when it is not needed (a number asked
+    for, or a resumed sweep that recorded its choice)."""
+    if gpus != "auto" or (plan.args.resume and probe.load_choice(plan.folder) is not None):
+        return None
+    config = plan.stages[0].configs[0][1]
+    return probe.measure_now(config, datasets.get(config.data_key()))
+
+
+def trial_resources(plan: SweepPlan, gpus: float | str, measured: Callable[[], tuple[float, float]] | None,
+                    cluster: dict[str, float]) -> resources.TrialResources:
+    """The request each trial makes, checked against `cluster`: `--gpus-per-trial auto` decided by
+    the probe's figures (`measured`, from `auto_probe`), or as recorded on --resume (sweeps/probe.py)."""
+    if gpus == "auto":
+        gpus = probe.auto_gpus(plan.folder, plan.args.resume, cluster, plan.args.cpus_per_trial, measured,
+                               say=lambda line: print(line, flush=True))
+    return resources.resolve(plan.args.cpus_per_trial, gpus, cluster)
 
 
 def kernel_line(reproducible: bool) -> str:

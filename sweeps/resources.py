@@ -1,4 +1,5 @@
-"""Per-trial resources: resolve `--gpus-per-trial auto`, and refuse impossible requests up front.
+"""Per-trial resources: refuse impossible requests up front (`--gpus-per-trial auto` is decided by
+measurement before this check: sweeps/probe.py).
 
 Ray leaves a trial that asks for more than the cluster has PENDING forever, without an error, so
 every request is checked against `ray.cluster_resources()` before the sweep is launched.
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from .errors import SweepError
 
-AUTO_GPU_FRACTION = 0.25  # four small trials share one GPU
+AUTO_GPU_FRACTION = 0.25  # where auto takes the GPU (sweeps/probe.py), four trials share one
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,12 @@ def parse_gpus(text: str) -> float | str:
     return value
 
 
-def resolve(cpus: float, gpus: float | str, cluster: dict[str, float]) -> TrialResources:
-    """Turn the flags into a request the cluster can satisfy, or raise SweepError naming why not."""
+def resolve(cpus: float, gpus: float, cluster: dict[str, float]) -> TrialResources:
+    """Turn the flags (`--gpus-per-trial auto` already decided: sweeps/probe.py) into a request the
+    cluster can satisfy, or raise SweepError naming why not."""
+    if isinstance(gpus, str):
+        raise TypeError(f"resolve takes the GPUs per trial as a number, not {gpus!r}: decide auto first")
     have_cpus, have_gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
-    if gpus == "auto":
-        gpus = AUTO_GPU_FRACTION if have_gpus > 0 else 0.0
     if cpus <= 0:
         raise SweepError(f"--cpus-per-trial {cpus:g} must be > 0")
     if gpus < 0:
