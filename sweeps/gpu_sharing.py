@@ -59,7 +59,7 @@ def decide(requested: str, fraction: float, has_gpus: bool, own_ray: bool, contr
         raise SweepError(f"--gpu-sharing {requested!r}: allowed are {', '.join(MODES)}")
     if fraction <= 0 or not has_gpus:
         if requested == "mps":
-            why = "the Ray cluster has no GPU" if fraction > 0 else "--gpus-per-trial is 0"
+            why = "the Ray cluster has no GPU" if fraction > 0 else "--gpus-per-trial is 0, or auto chose the CPUs"
             raise SweepError(f"--gpu-sharing mps shares a GPU between packed trials, but the trials use no GPU "
                              f"({why}); {ALLOWED}")
         return Sharing("", "the trials use no GPU")
@@ -98,8 +98,9 @@ def chooser(requested: str, own_ray: bool) -> Callable[..., Sharing]:
 
 
 def asked_fraction(gpus: float | str) -> float:
-    """The GPUs per trial `--gpus-per-trial` asks for, before the cluster is known (auto: its GPU
-    fraction, on the assumption that the cluster has GPUs; checked again once it is known)."""
+    """The GPUs per trial `--gpus-per-trial` asks for, before the cluster is known. For auto this is
+    only an assumption (the GPU fraction auto takes when it takes the GPU), made before the probe
+    decides (sweeps/probe.py); the decision is made again with the real fraction afterwards."""
     return AUTO_GPU_FRACTION if gpus == "auto" else float(gpus)
 
 

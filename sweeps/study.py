@@ -198,8 +198,10 @@ def _search_arguments(parser: argparse.ArgumentParser, spec: StudySpec) -> None:
     run.add_argument("--cpus-per-trial", type=float, default=1.0,
                      help="CPUs per trial; torch uses that many threads (default: 1)")
     run.add_argument("--gpus-per-trial", default="auto",
-                     help="GPUs per trial: a fraction packs trials (0.25 = four per GPU); auto = 0.25 on a "
-                          "cluster with GPUs, 0 without (default: auto)")
+                     help="GPUs per trial: a fraction packs trials (0.25 = four per GPU); auto = measured: 0.25 "
+                          "only where packed GPU trials finish rounds faster than the CPUs (a short probe of the "
+                          "first configuration, recorded in the sweep's gpu_choice.json), 0 without GPUs "
+                          "(default: auto)")
     run.add_argument("--gpu-sharing", choices=GPU_SHARING_MODES, default="auto",
                      help="how trials packed on one GPU (--gpus-per-trial below 1) share it: mps starts NVIDIA's "
                           "Multi-Process Service for the sweep (its own daemon, stopped at the end), so that they "

@@ -87,7 +87,7 @@ def test_which_mode_runs_and_why(requested, fraction, facts, expected):
 
 
 @pytest.mark.parametrize("fraction,facts,needle", [
-    (0.0, {}, "the trials use no GPU (--gpus-per-trial is 0)"),
+    (0.0, {}, "the trials use no GPU (--gpus-per-trial is 0, or auto chose the CPUs)"),
     (0.25, {"has_gpus": False}, "the trials use no GPU (the Ray cluster has no GPU)"),
     (1.0, {}, "trials share no GPU with --gpus-per-trial 1"),
     (0.25, {"own_ray": False}, "joins a running Ray cluster"),
