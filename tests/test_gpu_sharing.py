@@ -218,7 +218,9 @@ def test_packed_trials_on_its_own_ray_get_the_sweeps_daemon_until_ctrl_c_and_aga
     assert calls(fake_mps)[-1] == ["quit", pipe] and not Path(pipe).exists()
     assert not Path(f"{fake_mps}.running").exists()
 
-    resumed = _driver(ray_tmp, ["--resume", "mps", "--results", str(tmp_path)])
+    # resources come from the resuming command line (the default, auto, would decide again: here
+    # the driver has no CUDA, so it would take the CPUs), hence the same request again
+    resumed = _driver(ray_tmp, ["--resume", "mps", "--results", str(tmp_path), "--gpus-per-trial", "0.5"])
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     second = calls(fake_mps)[2]
